@@ -1,0 +1,1 @@
+"""Pure-Python scheduling logic: tiers, validation, priority and deadline. No Triton imports."""
