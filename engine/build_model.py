@@ -167,7 +167,10 @@ def build(
     model = model.to(torch_dtype).eval()
     n_params = sum(t.numel() for t in model.parameters())
     model.generation_config = GenerationConfig(
-        bos_token_id=ids[BOS], eos_token_id=ids[EOS], pad_token_id=ids[PAD], max_length=p.max_position_embeddings
+        bos_token_id=ids[BOS],
+        eos_token_id=ids[EOS],
+        pad_token_id=ids[PAD],
+        max_length=p.max_position_embeddings,
     )
     log(f"saving {n_params / 1e6:.1f}M parameters as {dtype} safetensors to {out}")
     model.save_pretrained(out)
@@ -189,7 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild even if the build stamp matches")
     a = ap.parse_args(argv)
     try:
-        build(a.preset, a.out, seed=a.seed, dtype=a.dtype, vocab_size=a.vocab_size, corpus=a.corpus, force=a.force)
+        build(
+            a.preset,
+            a.out,
+            seed=a.seed,
+            dtype=a.dtype,
+            vocab_size=a.vocab_size,
+            corpus=a.corpus,
+            force=a.force,
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"[build_model] error: {e}", file=sys.stderr)
         return 2
