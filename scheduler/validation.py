@@ -1,0 +1,274 @@
+"""Validation of client input into a normalized `EngineRequestParams`.
+
+Everything a client can get wrong is checked here, before the request reaches the engine, so a bad
+request costs no GPU time and the error says both what was wrong and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.errors import RequestError
+from scheduler.messages import EngineRequestParams
+from scheduler.tiers import TierTable
+
+SAMPLING_KEYS: tuple[str, ...] = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+MAX_SEED = 2**63 - 1
+MAX_STOP_SEQUENCES = 8
+MAX_STOP_CHARS = 64
+MAX_TEMPERATURE = 2.0
+DEFAULT_TENANT = "default"
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+TENANT_RULE = "1..64 characters from [A-Za-z0-9_.-]"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-deployment bounds on request size (they bound KV memory and latency per request)."""
+
+    max_prompt_tokens: int
+    max_new_tokens: int
+    default_max_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompt_tokens", "max_new_tokens", "default_max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Limits.{name} must be an int >= 1, got {value!r}")
+
+    @property
+    def effective_default_max_tokens(self) -> int:
+        """The default never exceeds the deployment's cap, so omitting max_tokens is always valid."""
+        return min(self.default_max_tokens, self.max_new_tokens)
+
+
+def _invalid(message: str) -> RequestError:
+    return RequestError.invalid(message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _decode_utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid(
+            f"{what} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "send UTF-8 encoded text"
+        ) from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise _invalid(f"sampling_parameters contains {name}; allowed: finite JSON numbers only")
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _invalid(f"sampling_parameters has duplicate key {key!r}; each key may appear once")
+        out[key] = value
+    return out
+
+
+def _load_json_object(raw: str | bytes) -> dict[str, Any]:
+    text = _decode_utf8(raw, "sampling_parameters") if isinstance(raw, bytes) else raw
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=_object_without_duplicates
+        )
+    except json.JSONDecodeError as exc:
+        raise _invalid(
+            f"sampling_parameters is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+            f"(char {exc.pos}); expected a JSON object with keys from: {', '.join(SAMPLING_KEYS)}"
+        ) from None
+    if not isinstance(value, dict):
+        raise _invalid(
+            f"sampling_parameters must be a JSON object, got a JSON {_json_type(value)}; "
+            f"allowed keys: {', '.join(SAMPLING_KEYS)}"
+        )
+    return value
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _show(value: object) -> str:
+    """The value as the client wrote it (JSON), so `true` and `"5"` read as sent."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _int_in(key: str, value: object, low: int, high: int | None) -> int:
+    if not _is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
+        bound = f"{low}..{high}" if high is not None else f">= {low}"
+        raise _invalid(f"sampling_parameters.{key} must be an integer {bound}, got {_show(value)}")
+    return int(value)  # type: ignore[arg-type]
+
+
+def _parse_stop(value: object) -> tuple[str, ...]:
+    rule = (
+        f"a string or a list of at most {MAX_STOP_SEQUENCES} non-empty strings "
+        f"of at most {MAX_STOP_CHARS} characters"
+    )
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise _invalid(f"sampling_parameters.stop must be {rule}, got {_show(value)}")
+    if len(items) > MAX_STOP_SEQUENCES:
+        raise _invalid(f"sampling_parameters.stop has {len(items)} entries; allowed: {rule}")
+    for item in items:
+        if not isinstance(item, str) or not item or len(item) > MAX_STOP_CHARS:
+            raise _invalid(f"sampling_parameters.stop entry {_show(item)} is invalid; allowed: {rule}")
+    return tuple(items)
+
+
+def parse_sampling_parameters(raw: str | bytes | None, limits: Limits) -> dict[str, Any]:
+    """Parse the `sampling_parameters` JSON into the sampling fields of `EngineRequestParams`.
+
+    Missing keys get their defaults, so the result always has every key in `SAMPLING_KEYS`.
+    """
+    given = {} if raw is None else _load_json_object(raw)
+    unknown = [k for k in given if k not in SAMPLING_KEYS]
+    if unknown:
+        raise _invalid(
+            f"unknown sampling_parameters key(s): {', '.join(map(repr, unknown))}; "
+            f"allowed keys: {', '.join(SAMPLING_KEYS)}"
+        )
+    out: dict[str, Any] = {
+        "max_tokens": limits.effective_default_max_tokens,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": None,
+        "stop": (),
+        "ignore_eos": False,
+    }
+    if "max_tokens" in given:
+        out["max_tokens"] = _int_in("max_tokens", given["max_tokens"], 1, limits.max_new_tokens)
+    if "temperature" in given:
+        value = given["temperature"]
+        if not _is_number(value) or not 0.0 <= value <= MAX_TEMPERATURE:
+            raise _invalid(
+                f"sampling_parameters.temperature must be a number in [0, {MAX_TEMPERATURE:g}] "
+                f"(0 = greedy), got {_show(value)}"
+            )
+        out["temperature"] = float(value)
+    if "top_p" in given:
+        value = given["top_p"]
+        if not _is_number(value) or not 0.0 < value <= 1.0:
+            raise _invalid(f"sampling_parameters.top_p must be a number in (0, 1], got {_show(value)}")
+        out["top_p"] = float(value)
+    if "top_k" in given:
+        out["top_k"] = _int_in("top_k", given["top_k"], 0, None)
+    if "seed" in given and given["seed"] is not None:
+        seed = given["seed"]
+        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+            raise _invalid(
+                f"sampling_parameters.seed must be null or an integer 0..2**63-1, got {_show(seed)}"
+            )
+        out["seed"] = int(seed)
+    if "stop" in given:
+        out["stop"] = _parse_stop(given["stop"])
+    if "ignore_eos" in given:
+        value = given["ignore_eos"]
+        if not isinstance(value, bool):
+            raise _invalid(f"sampling_parameters.ignore_eos must be true or false, got {_show(value)}")
+        out["ignore_eos"] = value
+    return out
+
+
+def validate_prompt(text: str | bytes | None) -> str:
+    """Decode and check the prompt before tokenization; returns it unchanged (no stripping)."""
+    if text is None:
+        raise _invalid("text_input is required; send a non-empty UTF-8 prompt")
+    prompt = _decode_utf8(text, "text_input") if isinstance(text, bytes) else text
+    if not isinstance(prompt, str):
+        raise _invalid(f"text_input must be text, got {type(prompt).__name__}; send a non-empty UTF-8 prompt")
+    if not prompt.strip():
+        raise _invalid(
+            "text_input is empty or whitespace-only; send a prompt with at least one visible character"
+        )
+    return prompt
+
+
+def validate_prompt_length(prompt_token_count: int, limits: Limits) -> None:
+    """Reject prompts longer than the deployment allows (they would not fit the KV budget)."""
+    if prompt_token_count > limits.max_prompt_tokens:
+        raise _invalid(
+            f"prompt has {prompt_token_count} tokens; allowed: at most {limits.max_prompt_tokens} tokens"
+        )
+
+
+def validate_tenant(tenant: str | bytes | None) -> str:
+    """Tenants key caches and KV snapshots, so they are restricted to a safe, short alphabet."""
+    if tenant is None:
+        return DEFAULT_TENANT
+    name = _decode_utf8(tenant, "tenant") if isinstance(tenant, bytes) else tenant
+    if name == "":
+        return DEFAULT_TENANT
+    if not isinstance(name, str) or not TENANT_PATTERN.fullmatch(name):
+        raise _invalid(f"invalid tenant {name!r}; allowed: {TENANT_RULE}")
+    return name
+
+
+def validate_tier(tier: str | bytes | None, tiers: TierTable) -> str:
+    """The tier's name; None or empty selects the table's default tier."""
+    name = _decode_utf8(tier, "slo_tier") if isinstance(tier, bytes) else tier
+    return tiers.get(name).name
+
+
+def build_request(
+    text: str | bytes | None,
+    sampling_json: str | bytes | None,
+    stream: bool | None,
+    exclude_input_in_output: bool | None,
+    tier: str | bytes | None,
+    tenant: str | bytes | None,
+    *,
+    prompt_token_count: int,
+    limits: Limits,
+    tiers: TierTable,
+    now_ns: int,
+) -> EngineRequestParams:
+    """Validate one request's inputs (as the scheduler step received them) into engine parameters.
+
+    Optional inputs are None when absent. `prompt_token_count` comes from the scheduler's tokenizer.
+    """
+    validate_prompt(text)
+    validate_prompt_length(prompt_token_count, limits)
+    sampling = parse_sampling_parameters(sampling_json, limits)
+    return EngineRequestParams(
+        **sampling,
+        stream=bool(stream),
+        exclude_input_in_output=bool(exclude_input_in_output),
+        tier=validate_tier(tier, tiers),
+        tenant=validate_tenant(tenant),
+        arrival_ns=int(now_ns),
+    )
