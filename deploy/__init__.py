@@ -1,0 +1,1 @@
+"""Start and stop the serving stack (Redis + tritonserver on the rendered model repository)."""
