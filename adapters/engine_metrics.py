@@ -1,0 +1,100 @@
+"""Prometheus metrics for the engine through the Python backend's MetricFamily API."""
+
+from __future__ import annotations
+
+import triton_python_backend_utils as pb_utils
+
+from engine.observer import EngineObserver
+from engine.warmup import WarmupReport
+
+TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
+
+
+class TritonEngineObserver(EngineObserver):
+    def __init__(self, model: str):
+        self.model = model
+        family = pb_utils.MetricFamily
+        self.steps = family("llm_engine_steps_total", "Engine forward steps by kind", family.COUNTER)
+        self.step_requests = family(
+            "llm_engine_step_requests_total",
+            "Requests processed summed over steps (batch size sum)",
+            family.COUNTER,
+        )
+        self.step_seconds = family(
+            "llm_engine_step_seconds_total", "Time spent in forward steps", family.COUNTER
+        )
+        self.multi = family(
+            "llm_engine_multi_request_decode_steps_total",
+            "Decode steps that served >= 2 requests",
+            family.COUNTER,
+        ).Metric(labels=self._labels())
+        self.max_batch = family(
+            "llm_engine_max_decode_batch", "Largest number of requests in one decode step", family.GAUGE
+        ).Metric(labels=self._labels())
+        self.finished = family("llm_engine_requests_finished_total", "Finished requests", family.COUNTER)
+        self.tokens = family(
+            "llm_engine_generated_tokens_total", "Tokens returned to clients", family.COUNTER
+        )
+        self.new_shapes = family(
+            "llm_engine_new_shapes_after_ready_total", "Kernel shapes first seen after READY", family.COUNTER
+        )
+        self.queue = family("llm_engine_queue_depth", "Requests waiting for a slot", family.GAUGE).Metric(
+            labels=self._labels()
+        )
+        self.active = family("llm_engine_active_requests", "Requests holding a slot", family.GAUGE).Metric(
+            labels=self._labels()
+        )
+        self.ttft_sum = family("llm_engine_ttft_seconds_sum", "Engine-side TTFT sum per tier", family.COUNTER)
+        self.ttft_count = family(
+            "llm_engine_ttft_seconds_count", "Engine-side TTFT count per tier", family.COUNTER
+        )
+        self.warmup_stage = family("llm_engine_warmup_stage_seconds", "Warmup stage duration", family.GAUGE)
+        self.warmup_total = family("llm_engine_warmup_seconds", "Whole warmup duration", family.GAUGE)
+        self.kv_bytes = family("llm_engine_kv_cache_bytes", "KV memory reserved at start", family.GAUGE)
+        self._metrics: dict[tuple, object] = {}
+        self._batch_max = 0
+        self._load = (-1, -1)
+
+    def _labels(self, **extra: str) -> dict[str, str]:
+        return {"model": self.model, **extra}
+
+    def _metric(self, family, **labels: str):
+        key = (id(family), tuple(sorted(labels.items())))
+        if key not in self._metrics:
+            self._metrics[key] = family.Metric(labels=self._labels(**labels))
+        return self._metrics[key]
+
+    def on_step(self, kind: str, batch: int, seconds: float) -> None:
+        self._metric(self.steps, kind=kind).increment(1)
+        self._metric(self.step_requests, kind=kind).increment(batch)
+        self._metric(self.step_seconds, kind=kind).increment(seconds)
+        if kind == "decode":
+            if batch > 1:
+                self.multi.increment(1)
+            if batch > self._batch_max:
+                self._batch_max = batch
+                self.max_batch.set(batch)
+
+    def on_first_token(self, tier: str, ttft_s: float) -> None:
+        self._metric(self.ttft_sum, tier=tier).increment(ttft_s)
+        self._metric(self.ttft_count, tier=tier).increment(1)
+
+    def on_finish(self, tier: str, status: str, tokens: int) -> None:
+        self._metric(self.finished, tier=tier, status=status).increment(1)
+        if tokens:
+            self._metric(self.tokens, tier=tier).increment(tokens)
+
+    def on_new_shape(self, kind: str, size: int) -> None:
+        self._metric(self.new_shapes, kind=kind).increment(1)
+
+    def on_load(self, queued: int, active: int) -> None:
+        if (queued, active) != self._load:
+            self._load = (queued, active)
+            self.queue.set(queued)
+            self.active.set(active)
+
+    def record_warmup(self, report: WarmupReport, kv_bytes: int) -> None:
+        for stage in report.stages:
+            self._metric(self.warmup_stage, stage=stage.name).set(stage.seconds)
+        self._metric(self.warmup_total).set(report.total_seconds)
+        self._metric(self.kv_bytes).set(kv_bytes)

@@ -1,0 +1,106 @@
+"""Engine configuration, read from Triton model-config parameters (always strings)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+
+_ENV_REF = re.compile(r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?\}$")
+
+
+def expand_env(value: str) -> str:
+    """Resolve `${NAME:-default}` so one config.pbtxt serves CPU dev, GPU bench and containers."""
+    match = _ENV_REF.match(value.strip())
+    if not match:
+        return value
+    return os.environ.get(match["name"], match["default"] or "")
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"parameter {key}={value!r} is not a boolean; use true/false")
+
+
+def _parse_int_list(key: str, value: str) -> tuple[int, ...]:
+    try:
+        items = tuple(sorted({int(part) for part in value.split(",") if part.strip()}))
+    except ValueError as exc:
+        raise ValueError(f"parameter {key}={value!r} must be comma-separated integers") from exc
+    if any(item <= 0 for item in items):
+        raise ValueError(f"parameter {key}={value!r} must hold positive integers")
+    return items
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs; `from_parameters` names the config.pbtxt keys (same as fields)."""
+
+    model_dir: str = ""
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch_size: int = 8
+    max_seq_len: int = 2048
+    warmup: bool = True
+    prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    drain_timeout_s: float = 10.0
+    seed: int = 0
+    extra: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> EngineConfig:
+        known = {f.name: f for f in fields(cls) if f.name != "extra"}
+        values: dict[str, object] = {}
+        extra: dict[str, str] = {}
+        for key, raw in params.items():
+            value = expand_env(raw)
+            if key not in known:
+                extra[key] = value
+                continue
+            default = getattr(cls, key, None)
+            if isinstance(default, bool):
+                values[key] = _parse_bool(key, value)
+            elif isinstance(default, int):
+                values[key] = _int(key, value)
+            elif isinstance(default, float):
+                values[key] = _float(key, value)
+            elif key == "prompt_buckets":
+                values[key] = _parse_int_list(key, value)
+            else:
+                values[key] = value
+        config = cls(**values, extra=extra)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not self.model_dir:
+            raise ValueError("parameter model_dir is empty; set it to a Hugging Face checkpoint directory")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"parameter device={self.device!r}; allowed: cpu, cuda, cuda:N")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"parameter dtype={self.dtype!r}; allowed: float32, float16, bfloat16")
+        if self.max_batch_size < 1 or self.max_seq_len < 2:
+            raise ValueError("max_batch_size must be >= 1 and max_seq_len >= 2")
+
+    def buckets_for(self, max_len: int) -> tuple[int, ...]:
+        """Prompt buckets capped at the sequence limit, always ending at the limit itself."""
+        capped = [b for b in self.prompt_buckets if b < max_len]
+        return tuple(capped) + (max_len,)
+
+
+def _int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ValueError(f"parameter {key}={value!r} is not an integer") from exc
+
+
+def _float(key: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise ValueError(f"parameter {key}={value!r} is not a number") from exc

@@ -1,0 +1,276 @@
+"""Continuous batching: requests join between decode steps and leave as soon as they finish.
+
+One background thread owns the model. Each iteration it drops cancelled requests, admits queued
+requests into free slots (highest tier first, earliest deadline first within a tier; each
+admission is a prefill that produces the first token), then runs one decode step for every active
+slot together.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.model_runner import ModelRunner
+from engine.observer import EngineObserver, EngineStats
+from engine.requests import EngineRequest
+from engine.sampling import Sampler, pick_tokens
+from engine.stop_strings import StopMatcher
+from scheduler.errors import RequestError
+from scheduler.priority import AdmissionQueue
+
+CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
+
+
+@dataclass
+class _Active:
+    request: EngineRequest
+    slot: int
+    sampler: Sampler
+    stop: StopMatcher
+    output: list[int] = field(default_factory=list)
+    sent: int = 0
+    last_token: int = 0
+    position: int = 0
+    done: str | None = None
+
+    @property
+    def tier(self) -> str:
+        return self.request.params.tier
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        token_bytes: Callable[[int], bytes],
+        eos_ids: set[int],
+        prompt_buckets: tuple[int, ...],
+        observer: EngineObserver | None = None,
+    ):
+        self.runner = runner
+        self.token_bytes = token_bytes
+        self.eos_ids = eos_ids
+        self.prompt_buckets = tuple(b for b in prompt_buckets if b < runner.max_len) + (runner.max_len,)
+        self.observer = observer or EngineObserver()
+        self.stats = EngineStats()
+        self.ready = False
+        self._queue: AdmissionQueue[EngineRequest] = AdmissionQueue()
+        self._active: dict[int, _Active] = {}
+        self._free = list(range(runner.slots - 1, -1, -1))
+        self._lock = threading.Condition()
+        self._accepting = True
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._last_tokens = torch.zeros(runner.slots, dtype=torch.long, device=runner.device)
+        self._positions = torch.zeros(runner.slots, dtype=torch.long, device=runner.device)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.runner.max_len - 1
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a request; raises RequestError when it can never run here."""
+        length = len(request.prompt_ids)
+        if length == 0:
+            raise RequestError.invalid("input_ids is empty; send at least one token")
+        if length > self.max_prompt_tokens:
+            raise RequestError.invalid(
+                f"prompt has {length} tokens; this engine accepts at most {self.max_prompt_tokens}"
+            )
+        request.received_ns = request.received_ns or time.time_ns()
+        with self._lock:
+            if not self._accepting:
+                raise RequestError.unavailable("the engine is shutting down; retry on another replica")
+            self._queue.push(request, request.priority, request.deadline_ns, key=request.request_id)
+            self._lock.notify()
+
+    def load(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self._queue), len(self._active)
+
+    def shutdown(self, drain_timeout_s: float) -> None:
+        """Stop accepting, let queued and running requests finish, then fail whatever is left."""
+        with self._lock:
+            self._accepting = False
+            self._lock.notify()
+        deadline = time.monotonic() + drain_timeout_s
+        with self._lock:
+            while (self._queue or self._active) and time.monotonic() < deadline:
+                self._lock.wait(timeout=0.05)
+            self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        message = "the model was unloaded before this request finished; retry"
+        for request in self._drain_queue():
+            request.sink.fail("UNAVAILABLE", message)
+        for state in list(self._active.values()):
+            state.request.sink.fail("UNAVAILABLE", message)
+            self._release(state)
+
+    def step(self) -> bool:
+        """One scheduling iteration; False when there was nothing to do."""
+        self._drop_cancelled()
+        admitted = self._admit()
+        decoded = self._decode() if self._active else False
+        queued, active = self.load()
+        self.observer.on_load(queued, active)
+        return admitted or decoded
+
+    def note_shape(self, kind: str, size: int) -> None:
+        """Track first use of each kernel shape; after READY a new one is a cold-start penalty."""
+        key = (kind, size)
+        if key in self.stats.shapes_seen:
+            return
+        self.stats.shapes_seen.add(key)
+        if self.ready:
+            self.stats.new_shapes_after_ready += 1
+            self.observer.on_new_shape(kind, size)
+
+    def prefill_bucket(self, length: int) -> int:
+        return self.runner.bucket(length, self.prompt_buckets)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self._queue and not self._active:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception as exc:  # a broken step must not kill the engine thread
+                self._fail_all_active("INTERNAL", f"engine step failed: {type(exc).__name__}: {exc}")
+            with self._lock:
+                self._lock.notify_all()
+
+    def _drain_queue(self) -> list[EngineRequest]:
+        with self._lock:
+            drained = []
+            while self._queue:
+                drained.append(self._queue.pop())
+            return drained
+
+    def _drop_cancelled(self) -> None:
+        for state in list(self._active.values()):
+            if state.request.sink.cancelled():
+                state.request.sink.fail("CANCELLED", "the client cancelled this request")
+                self._finish(state, "cancelled", notify=False)
+
+    def _admit(self) -> bool:
+        admitted = False
+        while self._free:
+            with self._lock:
+                if not self._queue:
+                    break
+                request = self._queue.pop()
+            if request.sink.cancelled():
+                request.sink.fail("CANCELLED", "the client cancelled this request")
+                self.stats.count_finish("cancelled")
+                self.observer.on_finish(request.params.tier, "cancelled", 0)
+                continue
+            self._start(request, self._free.pop())
+            admitted = True
+        return admitted
+
+    def _start(self, request: EngineRequest, slot: int) -> None:
+        params = request.params
+        state = _Active(
+            request=request,
+            slot=slot,
+            sampler=Sampler(params.temperature, params.top_p, params.top_k, params.seed, self.runner.device),
+            stop=StopMatcher(params.stop),
+            position=len(request.prompt_ids),
+        )
+        self._active[slot] = state
+        padded = self.prefill_bucket(len(request.prompt_ids))
+        self.note_shape("prefill", padded)
+        started = time.perf_counter()
+        logits = self.runner.prefill(slot, request.prompt_ids, padded)
+        token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]
+        self.stats.prefill_steps += 1
+        self.observer.on_step("prefill", 1, time.perf_counter() - started)
+        self.observer.on_first_token(params.tier, (time.time_ns() - request.received_ns) / 1e9)
+        self._accept_token(state, token)
+
+    def _decode(self) -> bool:
+        states = list(self._active.values())
+        for state in states:
+            self._last_tokens[state.slot] = state.last_token
+            self._positions[state.slot] = state.position
+        kv_len = self.runner.bucket(max(s.position for s in states) + 1)
+        self.note_shape("decode", kv_len)
+        started = time.perf_counter()
+        logits = self.runner.decode(self._last_tokens, self._positions, kv_len)
+        tokens = pick_tokens(logits, {s.slot: s.sampler for s in states})
+        self.stats.decode_steps += 1
+        self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(states))
+        if len(states) > 1:
+            self.stats.multi_request_decode_steps += 1
+        self.observer.on_step("decode", len(states), time.perf_counter() - started)
+        for state in states:
+            state.position += 1
+            self._accept_token(state, tokens[state.slot])
+        return True
+
+    def _accept_token(self, state: _Active, token: int) -> None:
+        params = state.request.params
+        self.stats.generated_tokens += 1
+        state.last_token = token
+        if token in self.eos_ids and not params.ignore_eos:
+            state.done = "stop"
+        else:
+            state.output.append(token)
+            if state.stop.push(self.token_bytes(token)):
+                state.done = "stop"
+            elif len(state.output) >= params.max_tokens:
+                state.done = "length"
+            elif state.position >= self.runner.max_len:
+                state.done = "length"
+        if state.done is not None:
+            self._finish(state, state.done)
+        elif params.stream:
+            self._emit(state, final=False)
+
+    def _emit(self, state: _Active, final: bool) -> None:
+        params = state.request.params
+        ready = state.stop.releasable(finished=final)
+        if params.stream:
+            if ready <= state.sent and not final:
+                return
+            start = max(0, state.sent - CONTEXT_TOKENS)
+            window, offset = state.output[start:ready], state.sent - start
+        elif params.exclude_input_in_output:
+            window, offset = state.output[:ready], 0
+        else:
+            window, offset = state.request.prompt_ids + state.output[:ready], 0
+        state.sent = max(state.sent, ready)
+        state.request.sink.send(window, offset, final)
+
+    def _finish(self, state: _Active, status: str, notify: bool = True) -> None:
+        if notify:
+            self._emit(state, final=True)
+        self.stats.count_finish(status)
+        self.observer.on_finish(state.tier, status, len(state.output))
+        self._release(state)
+
+    def _release(self, state: _Active) -> None:
+        if self._active.pop(state.slot, None) is not None:
+            self._free.append(state.slot)
+            self._positions[state.slot] = 0
+
+    def _fail_all_active(self, code: str, message: str) -> None:
+        for state in list(self._active.values()):
+            state.request.sink.fail(code, message)
+            self.stats.count_finish("error")
+            self.observer.on_finish(state.tier, "error", len(state.output))
+            self._release(state)

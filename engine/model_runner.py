@@ -1,0 +1,156 @@
+"""Forward passes over a Llama-family checkpoint with KV memory allocated once, per batch slot.
+
+Why not `model.generate` or transformers' ContinuousBatchingManager: generate() grows its cache
+every step and batches only requests that start together; the CB manager (5.17) picks greedy or
+sampling for the whole manager and draws from the global RNG, so per-request sampling parameters
+and reproducible seeds under batching are impossible there. This runner reuses the checkpoint's
+own modules (embeddings, projections, norms, MLP, rotary embedding) and owns only the attention
+over a static slot cache, which keeps decode shapes fixed (CUDA-graph friendly) and lets
+requests join and leave between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class KVShape:
+    layers: int
+    slots: int
+    kv_heads: int
+    max_len: int
+    head_dim: int
+
+    def bytes(self, dtype: torch.dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.layers * self.slots * self.kv_heads * self.max_len * self.head_dim * element
+
+
+class ModelRunner:
+    """Prefill and decode over a slot cache: slot `s` holds one request's keys and values."""
+
+    def __init__(self, model: torch.nn.Module, slots: int, max_len: int, kv_buckets: tuple[int, ...]):
+        config = model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {config.model_type!r} is not supported by the slot engine; "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        self.model = model
+        self.decoder = model.model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        attn = self.decoder.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+        self.num_heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        limit = getattr(config, "max_position_embeddings", max_len) or max_len
+        self.max_len = min(max_len, limit)
+        self.kv_buckets = tuple(b for b in kv_buckets if b < self.max_len) + (self.max_len,)
+        self.shape = KVShape(len(self.decoder.layers), slots, self.kv_heads, self.max_len, self.head_dim)
+        self.cache = torch.zeros(
+            (self.shape.layers, 2, slots, self.kv_heads, self.max_len, self.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.slot_index = torch.arange(slots, device=self.device)
+
+    @property
+    def slots(self) -> int:
+        return self.shape.slots
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.shape.bytes(self.dtype)
+
+    def bucket(self, length: int, buckets: tuple[int, ...] | None = None) -> int:
+        for size in buckets or self.kv_buckets:
+            if size >= length:
+                return size
+        raise ValueError(f"length {length} exceeds the engine limit {self.max_len}")
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, token_ids: list[int], padded_len: int) -> torch.Tensor:
+        """Fill `slot` with the prompt's keys/values; returns the last prompt position's logits [V].
+
+        The prompt is right-padded to `padded_len` so that only bucketed shapes reach the kernels;
+        causal attention keeps padding from influencing real tokens, and decode overwrites the
+        padded positions before anything reads them.
+        """
+        length = len(token_ids)
+        ids = torch.zeros((1, padded_len), dtype=torch.long, device=self.device)
+        ids[0, :length] = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(padded_len, device=self.device).unsqueeze(0)
+        hidden = self._layers(ids, positions, self._prefill_attention(slot, padded_len))
+        return self._logits(hidden[:, length - 1])[0]
+
+    @torch.inference_mode()
+    def decode(self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One token for every slot: `last_tokens` and `positions` are [slots]; returns logits [slots, V].
+
+        Every slot is computed (idle ones at position 0) so the shape depends only on `kv_len`,
+        the bucket that covers the longest active sequence.
+        """
+        ids = last_tokens.view(-1, 1)
+        pos = positions.view(-1, 1)
+        visible = torch.arange(kv_len, device=self.device).unsqueeze(0) <= pos
+        mask = visible[:, None, None, :]
+        hidden = self._layers(ids, pos, self._decode_attention(pos.view(-1), kv_len, mask))
+        return self._logits(hidden[:, -1])
+
+    def _prefill_attention(self, slot: int, padded_len: int):
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.cache[layer, 0, slot, :, :padded_len] = k[0]
+            self.cache[layer, 1, slot, :, :padded_len] = v[0]
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.kv_heads != self.num_heads
+            )
+
+        return attend
+
+    def _decode_attention(self, positions: torch.Tensor, kv_len: int, mask: torch.Tensor):
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.cache[layer, 0, self.slot_index, :, positions] = k[:, :, 0]
+            self.cache[layer, 1, self.slot_index, :, positions] = v[:, :, 0]
+            keys = self.cache[layer, 0, :, :, :kv_len]
+            values = self.cache[layer, 1, :, :, :kv_len]
+            return F.scaled_dot_product_attention(
+                q,
+                keys,
+                values,
+                attn_mask=mask,
+                scale=self.scaling,
+                enable_gqa=self.kv_heads != self.num_heads,
+            )
+
+        return attend
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+        hidden = self.decoder.embed_tokens(ids)
+        cos, sin = self.decoder.rotary_emb(hidden, positions)
+        batch, steps = ids.shape
+        for index, layer in enumerate(self.decoder.layers):
+            residual = hidden
+            normed = layer.input_layernorm(hidden)
+            attn = layer.self_attn
+            q = attn.q_proj(normed).view(batch, steps, -1, self.head_dim)
+            k = attn.k_proj(normed).view(batch, steps, -1, self.head_dim)
+            v = attn.v_proj(normed).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            out = attend(index, q, k, v).transpose(1, 2).reshape(batch, steps, -1)
+            hidden = residual + attn.o_proj(out)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.decoder.norm(hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden).float()

@@ -1,0 +1,36 @@
+"""Engine events and counters; the Triton adapter turns the events into Prometheus metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class EngineObserver:
+    """No-op hooks; subclasses export them (see model_repository/llm_engine/metrics.py)."""
+
+    def on_step(self, kind: str, batch: int, seconds: float) -> None: ...
+
+    def on_first_token(self, tier: str, ttft_s: float) -> None: ...
+
+    def on_finish(self, tier: str, status: str, tokens: int) -> None: ...
+
+    def on_new_shape(self, kind: str, size: int) -> None: ...
+
+    def on_load(self, queued: int, active: int) -> None: ...
+
+
+@dataclass
+class EngineStats:
+    """Counters the engine keeps itself, so tests and the warmup report need no metrics server."""
+
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    multi_request_decode_steps: int = 0
+    max_decode_batch: int = 0
+    generated_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    new_shapes_after_ready: int = 0
+    shapes_seen: set[tuple[str, int]] = field(default_factory=set)
+
+    def count_finish(self, status: str) -> None:
+        self.finished[status] = self.finished.get(status, 0) + 1

@@ -1,0 +1,32 @@
+"""What the engine receives per request and how it answers, independent of Triton."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from scheduler.messages import EngineRequestParams
+
+
+class ResponseSink(Protocol):
+    """Where a request's output goes; the Triton adapter wraps a decoupled response sender."""
+
+    def send(self, token_ids: list[int], read_offset: int, final: bool) -> None:
+        """Tokens `token_ids[read_offset:]` are new; the ones before are context for detokenizing."""
+
+    def fail(self, code: str, message: str) -> None:
+        """End the request with an error (INVALID_ARG, UNAVAILABLE or INTERNAL)."""
+
+    def cancelled(self) -> bool:
+        """True once the client has cancelled the request."""
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: EngineRequestParams
+    priority: int
+    deadline_ns: int
+    sink: ResponseSink
+    received_ns: int = 0

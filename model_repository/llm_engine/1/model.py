@@ -1,0 +1,94 @@
+"""Triton adapter for the engine: DLPack tensors in, streamed token windows out (numpy-free)."""
+
+import threading
+import uuid
+
+import torch
+import triton_python_backend_utils as pb_utils
+from torch.utils.dlpack import from_dlpack, to_dlpack
+
+from adapters.engine_metrics import TritonEngineObserver
+from adapters.triton_common import log_event, model_parameters, triton_error
+from engine.config import EngineConfig
+from engine.loader import load_engine
+from engine.requests import EngineRequest
+from scheduler.errors import RequestError
+from scheduler.messages import EngineRequestParams
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _tensor(name, values, dtype):
+    return pb_utils.Tensor.from_dlpack(name, to_dlpack(torch.tensor(values, dtype=dtype)))
+
+
+def _input(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return from_dlpack(tensor.to_dlpack()).reshape(-1)
+
+
+class TritonSink:
+    """Sends one request's windows through its decoupled response sender (from the engine thread)."""
+
+    def __init__(self, request):
+        self.sender = request.get_response_sender()
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def send(self, token_ids, read_offset, final):
+        response = pb_utils.InferenceResponse(
+            output_tensors=[
+                _tensor("token_ids", token_ids, torch.int64),
+                _tensor("read_offset", [read_offset], torch.int32),
+                _tensor("is_final", [final], torch.bool),
+            ]
+        )
+        self._send(response, FINAL if final else 0)
+
+    def fail(self, code, message):
+        self._send(pb_utils.InferenceResponse(error=triton_error(code, message)), FINAL)
+
+    def cancelled(self):
+        return self.sender.is_cancelled()
+
+    def _send(self, response, flags):
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = bool(flags & FINAL)
+            self.sender.send(response, flags=flags)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.config = EngineConfig.from_parameters(model_parameters(args))
+        observer = TritonEngineObserver(model=args["model_name"])
+        loaded = load_engine(self.config, observer, log=pb_utils.Logger.log_info)
+        self.engine = loaded.engine
+        observer.record_warmup(loaded.report, loaded.kv_bytes)
+        log_event("warmup_report", load_seconds=round(loaded.load_seconds, 3), report=loaded.report)
+
+    def execute(self, requests):
+        for request in requests:
+            sink = TritonSink(request)
+            try:
+                params = EngineRequestParams.from_bytes(bytes(_input(request, "request_params").tolist()))
+                self.engine.submit(
+                    EngineRequest(
+                        request_id=request.request_id() or uuid.uuid4().hex,
+                        prompt_ids=_input(request, "input_ids").tolist(),
+                        params=params,
+                        priority=int(_input(request, "priority")[0]),
+                        deadline_ns=int(_input(request, "deadline_ns")[0]),
+                        sink=sink,
+                    )
+                )
+            except RequestError as exc:
+                sink.fail(exc.code, exc.message)
+            except Exception as exc:  # malformed tensors fail this request only
+                sink.fail("INVALID_ARG", f"bad engine input: {type(exc).__name__}: {exc}")
+        return None
+
+    def finalize(self):
+        self.engine.shutdown(self.config.drain_timeout_s)
+        log_event("engine_stopped", stats=self.engine.stats.finished)

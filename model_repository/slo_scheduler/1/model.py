@@ -1,0 +1,63 @@
+"""Triton adapter for scheduler.step: BYTES tensors in, token ids and engine parameters out."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from tokenizers import Tokenizer
+
+from adapters.triton_common import error_response, log_event, model_parameters, request_parameters
+from scheduler.step import SchedulerStep
+from scheduler.tiers import TierTable
+from scheduler.validation import Limits
+
+
+def _optional(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy().reshape(-1)[0]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        model_dir = Path(params["model_dir"])
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        tiers = TierTable.load(params["tiers_file"]) if params.get("tiers_file") else TierTable.defaults()
+        max_prompt = int(params.get("max_seq_len", "2048")) - 1
+        self.step = SchedulerStep(
+            encode=lambda text: tokenizer.encode(text).ids,
+            limits=Limits(
+                max_prompt_tokens=max_prompt, max_new_tokens=int(params.get("max_new_tokens", "512"))
+            ),
+            tiers=tiers.for_device(params.get("device", "cpu")),
+        )
+        log_event("scheduler_ready", tiers=list(self.step.tiers.names), max_prompt_tokens=max_prompt)
+
+    def execute(self, requests):
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        try:
+            extra = request_parameters(request)
+            tier = _optional(request, "slo_tier")
+            tenant = _optional(request, "tenant")
+            prepared = self.step.prepare(
+                text=_optional(request, "text_input"),
+                sampling_json=_optional(request, "sampling_parameters"),
+                stream=_optional(request, "stream"),
+                exclude_input_in_output=_optional(request, "exclude_input_in_output"),
+                tier=tier if tier is not None else extra.get("slo_tier"),
+                tenant=tenant if tenant is not None else extra.get("tenant"),
+                now_ns=time.time_ns(),
+            )
+        except Exception as exc:  # every failure becomes this request's error, never the server's
+            return error_response(exc)
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("input_ids", np.asarray(prepared.input_ids, dtype=np.int64)),
+                pb_utils.Tensor("request_params", np.frombuffer(prepared.params.to_bytes(), dtype=np.uint8)),
+                pb_utils.Tensor("priority", np.asarray([prepared.priority], dtype=np.int32)),
+                pb_utils.Tensor("deadline_ns", np.asarray([prepared.deadline_ns], dtype=np.int64)),
+            ]
+        )

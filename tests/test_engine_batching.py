@@ -1,0 +1,231 @@
+"""Engine logic on a small random Llama, driven step by step (no Triton, no threads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from engine.engine import Engine
+from engine.model_runner import ModelRunner
+from engine.requests import EngineRequest
+from engine.warmup import run_warmup
+from scheduler.messages import EngineRequestParams
+
+BUCKETS = (8, 16, 32, 64)
+EOS = 2
+
+
+@dataclass
+class RecordingSink:
+    windows: list[tuple[list[int], int, bool]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    cancel: bool = False
+
+    def send(self, token_ids, read_offset, final):
+        self.windows.append((list(token_ids), read_offset, final))
+
+    def fail(self, code, message):
+        self.errors.append((code, message))
+
+    def cancelled(self):
+        return self.cancel
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for ids, offset, _ in self.windows for t in ids[offset:]]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.errors) or any(final for *_, final in self.windows)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        eos_token_id=EOS,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def make_engine(model, slots=4) -> Engine:
+    runner = ModelRunner(model, slots=slots, max_len=128, kv_buckets=BUCKETS)
+    return Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS)
+
+
+def request(prompt, sink, rid="r", priority=3, deadline=0, **params) -> EngineRequest:
+    defaults = {"max_tokens": 8, "ignore_eos": True, "stream": True}
+    return EngineRequest(
+        rid, list(prompt), EngineRequestParams(**{**defaults, **params}), priority, deadline, sink
+    )
+
+
+def run_until_idle(engine: Engine, limit=500) -> None:
+    for _ in range(limit):
+        if not engine.step():
+            return
+    raise AssertionError("engine did not go idle")
+
+
+def generate(engine, prompt, **params) -> list[int]:
+    sink = RecordingSink()
+    engine.submit(request(prompt, sink, **params))
+    run_until_idle(engine)
+    return sink.tokens
+
+
+def test_runner_matches_transformers_forward(model):
+    runner = ModelRunner(model, slots=2, max_len=128, kv_buckets=BUCKETS)
+    prompt = [1, 5, 9, 33, 7]
+    reference = model(torch.tensor([prompt + [11]])).logits[0]
+    prefill = runner.prefill(1, prompt, 8)
+    torch.testing.assert_close(prefill, reference[len(prompt) - 1], atol=1e-4, rtol=1e-4)
+    decode = runner.decode(torch.tensor([0, 11]), torch.tensor([0, len(prompt)]), 8)
+    torch.testing.assert_close(decode[1], reference[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_concurrent_requests_share_decode_steps(model):
+    engine = make_engine(model)
+    sinks = [RecordingSink() for _ in range(3)]
+    for i, sink in enumerate(sinks):
+        engine.submit(request([1, 4 + i, 9], sink, rid=f"r{i}", max_tokens=6))
+    run_until_idle(engine)
+    assert all(len(s.tokens) == 6 and s.finished for s in sinks)
+    assert engine.stats.max_decode_batch == 3
+    assert engine.stats.multi_request_decode_steps >= 4
+
+
+def test_greedy_output_does_not_depend_on_batch_neighbours(model):
+    alone = generate(make_engine(model), [1, 10, 20, 30], max_tokens=10)
+    engine = make_engine(model)
+    target, other = RecordingSink(), RecordingSink()
+    engine.submit(request([1, 50, 60], other, rid="other", max_tokens=20))
+    engine.step()
+    engine.submit(request([1, 10, 20, 30], target, rid="target", max_tokens=10))
+    run_until_idle(engine)
+    assert target.tokens == alone
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(model):
+    params = {"max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "top_k": 50}
+    first = generate(make_engine(model), [1, 3, 5], seed=7, **params)
+    again = generate(make_engine(model), [1, 3, 5], seed=7, **params)
+    other = generate(make_engine(model), [1, 3, 5], seed=8, **params)
+    assert first == again
+    assert first != other
+
+
+def test_max_tokens_and_eos(model):
+    engine = make_engine(model)
+    assert len(generate(engine, [1, 2, 3], max_tokens=5)) == 5
+    greedy = generate(engine, [1, 2, 3], max_tokens=20)
+    eos_engine = Engine(engine.runner, engine.token_bytes, {greedy[3]}, BUCKETS)
+    assert generate(eos_engine, [1, 2, 3], max_tokens=20, ignore_eos=False) == greedy[:3]
+
+
+def test_stop_string_ends_before_the_match(model):
+    engine = make_engine(model)
+    free = generate(engine, [1, 7, 7], max_tokens=12)
+    text = bytes(97 + t % 26 for t in free).decode()
+    stop = text[5:7]
+    stopped = generate(engine, [1, 7, 7], max_tokens=12, stop=(stop,))
+    assert bytes(97 + t % 26 for t in stopped).decode() == text[: text.index(stop)]
+
+
+def test_cancelled_request_frees_its_slot_for_a_queued_one(model):
+    engine = make_engine(model, slots=1)
+    running, waiting = RecordingSink(), RecordingSink()
+    engine.submit(request([1, 2], running, rid="a", max_tokens=50))
+    engine.submit(request([1, 3], waiting, rid="b", max_tokens=3))
+    engine.step()
+    assert engine.load() == (1, 1)
+    running.cancel = True
+    run_until_idle(engine)
+    assert running.errors and running.errors[0][0] == "CANCELLED"
+    assert len(waiting.tokens) == 3
+    assert engine.stats.finished == {"cancelled": 1, "length": 1}
+
+
+def test_admission_order_is_tier_then_deadline(model):
+    engine = make_engine(model, slots=1)
+    order: list[str] = []
+
+    class OrderSink(RecordingSink):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def send(self, token_ids, read_offset, final):
+            if not self.windows:
+                order.append(self.name)
+            super().send(token_ids, read_offset, final)
+
+    blocker = OrderSink("blocker")
+    engine.submit(request([1, 2], blocker, rid="blocker", max_tokens=2))
+    engine.step()
+    for rid, priority, deadline in (
+        ("batch", 4, 10),
+        ("std-late", 3, 900),
+        ("std-early", 3, 100),
+        ("crit", 1, 5000),
+    ):
+        engine.submit(
+            request([1, 2], OrderSink(rid), rid=rid, priority=priority, deadline=deadline, max_tokens=2)
+        )
+    run_until_idle(engine)
+    assert order == ["blocker", "crit", "std-early", "std-late", "batch"]
+
+
+def test_non_streaming_sends_one_final_window_with_prompt(model):
+    engine = make_engine(model)
+    sink = RecordingSink()
+    engine.submit(request([1, 2, 3], sink, stream=False, max_tokens=4))
+    run_until_idle(engine)
+    assert len(sink.windows) == 1
+    ids, offset, final = sink.windows[0]
+    assert final and offset == 0 and ids[:3] == [1, 2, 3] and len(ids) == 7
+
+
+def test_prompt_limits_raise_clear_errors(model):
+    engine = make_engine(model)
+    with pytest.raises(Exception, match="at most 127"):
+        engine.submit(request(list(range(200)), RecordingSink()))
+    with pytest.raises(Exception, match="empty"):
+        engine.submit(request([], RecordingSink()))
+
+
+def test_warmup_leaves_no_new_shape_for_any_length(model):
+    cold = make_engine(model)
+    cold.ready = True
+    for length in (3, 12, 40):
+        generate(cold, [1] * length, max_tokens=3)
+    assert cold.stats.new_shapes_after_ready > 0
+
+    warm = make_engine(model)
+    report = run_warmup(warm, enabled=True)
+    warm.ready = True
+    assert [s.name for s in report.stages] == ["prefill_buckets", "decode_kv_buckets", "sampling"]
+    for length in (3, 12, 40, 100):
+        generate(warm, [1] * length, max_tokens=3)
+    assert warm.stats.new_shapes_after_ready == 0
+
+
+def test_shutdown_drains_running_requests(model):
+    engine = make_engine(model)
+    engine.start()
+    sink = RecordingSink()
+    engine.submit(request([1, 2, 3], sink, max_tokens=20))
+    engine.shutdown(drain_timeout_s=30)
+    assert sink.finished and len(sink.tokens) == 20 and not sink.errors
+    with pytest.raises(Exception, match="shutting down"):
+        engine.submit(request([1, 2], RecordingSink()))
