@@ -1,0 +1,100 @@
+"""Shared fixtures.
+
+- ``stack`` (session): one Redis + tritonserver stack started with deploy.launch on free ports (warmup on,
+  run dir under pytest's tmp), stopped at the end of the session. Tests that use it are marked ``server``
+  automatically (select with ``-m server``, skip with ``-m "not server"``).
+- ``grpc_url`` ('localhost:P'), ``http_url`` ('localhost:P'), ``metrics_url``
+  ('http://localhost:P/metrics'), ``redis_url`` ('redis://localhost:P/0'): from that stack.
+- ``scrape_metrics(metrics_url) -> dict[str, float]``: a plain function (``from conftest import
+  scrape_metrics``), also given as the fixture ``metrics_scraper``.
+"""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format -> {'name{label="v",...}': value} (labels kept as written)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            end = line.rindex("}")
+            key, rest = line[: end + 1], line[end + 1 :].split()
+        else:
+            key, *rest = line.split()
+        if not rest:
+            continue
+        try:
+            out[key] = float(rest[0])
+        except ValueError:
+            continue
+    return out
+
+
+def scrape_metrics(metrics_url: str, timeout: float = 10.0) -> dict[str, float]:
+    """GET Triton's /metrics and parse it (see parse_metrics)."""
+    with urllib.request.urlopen(metrics_url, timeout=timeout) as resp:
+        return parse_metrics(resp.read().decode("utf-8", "replace"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "stack" in getattr(item, "fixturenames", ()) or Path(str(item.fspath)).name.startswith(
+            "test_server"
+        ):
+            item.add_marker(pytest.mark.server)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    from deploy.launch import StackOptions, start_stack
+
+    if not (MODEL_DIR / "config.json").exists():
+        from engine.build_model import build
+
+        build("tiny", MODEL_DIR)
+    run_dir = tmp_path_factory.mktemp("stack")
+    s = start_stack(StackOptions(run_dir=run_dir, model_dir=MODEL_DIR, warmup=True))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def grpc_url(stack) -> str:
+    return stack.grpc_url
+
+
+@pytest.fixture(scope="session")
+def http_url(stack) -> str:
+    return stack.http_url
+
+
+@pytest.fixture(scope="session")
+def metrics_url(stack) -> str:
+    return stack.metrics_url
+
+
+@pytest.fixture(scope="session")
+def redis_url(stack) -> str:
+    return stack.redis_url
+
+
+@pytest.fixture(scope="session")
+def metrics_scraper():
+    return scrape_metrics
