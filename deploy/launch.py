@@ -252,6 +252,8 @@ class StackOptions:
     ready_models: tuple[str, ...] = ("llm",)
     ready_timeout_s: float = 300.0
     log_verbose: int = 0
+    # write a .pth into the stub's python (and text_env) so model.py files import engine/, scheduler/, ...
+    repo_pth: bool = True
 
 
 @dataclass
@@ -420,6 +422,39 @@ def _listens_on(pid: int, port: int) -> bool | None:
     return any(c.status == "LISTEN" and c.laddr and c.laddr.port == port for c in conns)
 
 
+PTH_NAME = "triton_warm_llm_repo.pth"
+
+
+def ensure_repo_importable(python: str, repo_root: Path) -> Path | None:
+    """Make ``repo_root`` importable by ``python`` through a .pth file in its site-packages.
+
+    The Python backend stub runs an embedded interpreter that ignores PYTHONPATH (seen with Triton
+    2.51), but it does process ``.pth`` files of the environment whose ``python3`` it finds on PATH (or of
+    EXECUTION_ENV_PATH). Returns the .pth path (None if it could not be written).
+    """
+    try:
+        purelib = subprocess.run(
+            [python, "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        log(f"warning: cannot ask {python} for its site-packages ({e}); the models may not import the repo")
+        return None
+    pth = Path(purelib) / PTH_NAME
+    want = f"{repo_root}\n"
+    try:
+        if not pth.exists() or pth.read_text() != want:
+            pth.write_text(want)
+            log(f"wrote {pth} -> {repo_root}")
+    except OSError as e:
+        log(f"warning: cannot write {pth} ({e}); the models may not import the repo")
+        return None
+    return pth
+
+
 def stop_run_dir(run_dir: Path | str, timeout_s: float = 30.0) -> bool:
     """Stop the stack recorded in <run_dir>/stack.json; True if there was one."""
     path = Path(run_dir) / STACK_FILE
@@ -542,6 +577,14 @@ def start_stack(opts: StackOptions) -> Stack:
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.update(opts.extra_env)
+        if opts.repo_pth:
+            stub_python = shutil.which("python3", path=env.get("PATH"))
+            for py in [
+                stub_python,
+                *([str(Path(opts.text_env) / "bin" / "python3")] if opts.text_env else []),
+            ]:
+                if py:
+                    ensure_repo_importable(py, repo_root)
 
         triton_log = run_dir / "tritonserver.log"
         cmd = [

