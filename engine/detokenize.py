@@ -16,6 +16,7 @@ Runs in the numpy<2 text environment, which cannot import transformers: only `to
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,16 +106,30 @@ def _is_byte_level(tokenizer: Tokenizer) -> bool:
     return False
 
 
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _approx_token_bytes(token: str) -> bytes:
+    """Bytes of one token of a non-byte-level tokenizer, for per-token consumers (stop strings):
+    ByteFallback <0xNN> is its byte, sentencepiece's U+2581 marker is a space."""
+    match = _BYTE_FALLBACK.fullmatch(token)
+    if match:
+        return bytes([int(match.group(1), 16)])
+    return token.replace("\u2581", " ").encode("utf-8")
+
+
 @dataclass(frozen=True, eq=False)
 class TokenDecoder:
     """Turns (window, read_offset) into the UTF-8 bytes the new tokens complete.
 
-    `id_bytes` is set for byte-level tokenizers (raw bytes per id, b"" for special tokens); other
-    tokenizers fall back to diffing `Tokenizer.decode` text.
+    Byte-level tokenizers are decoded through `id_bytes` (raw bytes per id, b"" for special tokens);
+    other tokenizers fall back to diffing `Tokenizer.decode` text, and their `id_bytes` is only an
+    approximation for per-token consumers such as stop-string matching.
     """
 
     tokenizer: Tokenizer
-    id_bytes: tuple[bytes, ...] | None
+    id_bytes: tuple[bytes, ...]
+    byte_level: bool
     continuation_ids: frozenset[int] = frozenset()
 
     @classmethod
@@ -123,33 +138,30 @@ class TokenDecoder:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer) -> TokenDecoder:
-        if not _is_byte_level(tokenizer):
-            # ByteFallback tokens <0x80>..<0xBF> continue a character; a window must not start on one.
-            ids = (tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(0x80, 0xC0))
-            return cls(tokenizer, None, frozenset(i for i in ids if i is not None))
-        table = UNICODE_TO_BYTES
+        byte_level = _is_byte_level(tokenizer)
         special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         id_bytes = [b""] * (max(vocab.values(), default=-1) + 1)
         for token, idx in vocab.items():
             if idx not in special:
-                id_bytes[idx] = token_bytes(token, table)
-        return cls(tokenizer, tuple(id_bytes))
-
-    @property
-    def byte_level(self) -> bool:
-        return self.id_bytes is not None
+                id_bytes[idx] = token_bytes(token) if byte_level else _approx_token_bytes(token)
+        # ByteFallback tokens <0x80>..<0xBF> continue a character; a text-diff window must not start on one.
+        continuation = frozenset()
+        if not byte_level:
+            ids = (tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(0x80, 0xC0))
+            continuation = frozenset(i for i in ids if i is not None)
+        return cls(tokenizer, tuple(id_bytes), byte_level, continuation)
 
     def raw_bytes(self, token_ids: Sequence[int]) -> bytes:
-        """Concatenated raw bytes (byte-level only); unknown ids contribute nothing, as in decode."""
+        """Concatenated bytes of the tokens (exact for byte-level tokenizers); special and unknown ids
+        contribute nothing, as in `Tokenizer.decode`."""
         table = self.id_bytes
-        assert table is not None, "raw_bytes needs a byte-level tokenizer"
         size = len(table)
         return b"".join(table[i] if 0 <= i < size else b"" for i in map(int, token_ids))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Full decode without special tokens; what all deltas of a stream concatenate to."""
-        if self.id_bytes is not None:
+        if self.byte_level:
             return self.raw_bytes(token_ids).decode("utf-8", errors="replace")
         return self.tokenizer.decode([int(i) for i in token_ids], skip_special_tokens=True)
 
@@ -157,7 +169,7 @@ class TokenDecoder:
         """UTF-8 bytes completed by token_ids[read_offset:], given token_ids[:read_offset] as context."""
         if not 0 <= read_offset <= len(token_ids):
             raise ValueError(f"read_offset {read_offset} is outside the window of {len(token_ids)} tokens")
-        if self.id_bytes is not None:
+        if self.byte_level:
             prefix = self.raw_bytes(token_ids[:read_offset])
             full = prefix + self.raw_bytes(token_ids[read_offset:])
             end = len(full) if final else complete_prefix_len(full)

@@ -232,3 +232,12 @@ def test_fallback_text_diff_stream() -> None:
         assert b"".join(pieces).decode("utf-8") == text
         assert "\ufffd" not in "".join(p.decode() for p in pieces)
         assert b"".join(stream(dec, ids, rng)).decode("utf-8") == text
+
+
+def test_fallback_per_token_bytes_for_stop_strings() -> None:
+    tok = train_byte_fallback()
+    dec = TokenDecoder.from_tokenizer(tok)
+    assert dec.raw_bytes([tok.token_to_id("<0xE6>")]) == b"\xe6"
+    assert dec.raw_bytes([tok.token_to_id("<s>")]) == b""
+    ids = tok.encode("café crème").ids
+    assert dec.raw_bytes(ids) == " café crème".encode()  # sentencepiece marks the leading space
