@@ -56,7 +56,10 @@ else
     "$PYTHON" -m venv "$VENV"
   fi
   log "venv: pip install -r requirements.txt (torch CPU build, numpy<2)"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt
+  # (the filter drops this machine's harmless "Location 'file:///...' is ignored" notices; pipefail keeps
+  # pip's exit status)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
   tv=$("$VENV/bin/python" -c "import torch;print(torch.__version__)")
   nv=$("$VENV/bin/python" -c "import numpy;print(numpy.__version__)")
   log "venv: torch $tv, numpy $nv"
