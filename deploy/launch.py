@@ -560,6 +560,9 @@ def start_stack(opts: StackOptions) -> Stack:
 
         overrides: dict[str, dict[str, str]] = {"*": {"model_dir": str(model_dir), "redis_url": redis_url}}
         models = sorted(p.parent.name for p in src_repo.glob("*/config.pbtxt"))
+        missing = [m for m in opts.ready_models if m not in models]
+        if missing:
+            raise StackError(f"model(s) {missing} to wait for are not in {src_repo} (it has {models})")
         if opts.warmup is not None and ENGINE_MODEL in models:
             overrides[ENGINE_MODEL] = {"warmup": "true" if opts.warmup else "false"}
         for model, params in opts.overrides.items():
