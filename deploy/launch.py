@@ -30,6 +30,8 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -647,41 +649,38 @@ def start_stack(opts: StackOptions) -> Stack:
     return stack
 
 
-def _wait_ready(stack: Stack, triton: subprocess.Popen, opts: StackOptions) -> None:
-    import tritonclient.http as httpclient
-    from tritonclient.utils import InferenceServerException
+def http_ready(http_port: int, path: str = "/v2/health/ready", timeout: float = 2.0) -> bool:
+    """True if Triton's HTTP health API answers 200 on ``path`` (KServe v2: /v2/health/ready,
+    /v2/models/<name>/ready). Plain urllib, so it needs neither tritonclient[http] nor gevent."""
+    try:
+        with urllib.request.urlopen(f"http://localhost:{http_port}{path}", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):  # HTTPError (400 = not ready) is a URLError
+        return False
 
-    client = httpclient.InferenceServerClient(stack.http_url, connection_timeout=2.0, network_timeout=5.0)
+
+def _wait_ready(stack: Stack, triton: subprocess.Popen, opts: StackOptions) -> None:
     t0 = time.monotonic()
     next_note = t0 + 10
-    try:
-        while True:
-            if triton.poll() is not None:
-                raise StackError(
-                    f"tritonserver exited with code {triton.returncode} before it was ready; "
-                    f"last {LOG_TAIL_LINES} lines of {stack.triton_log}:\n{_tail(stack.triton_log)}"
-                )
-            ready = False
-            try:
-                ready = client.is_server_ready() and all(client.is_model_ready(m) for m in opts.ready_models)
-            except (InferenceServerException, ConnectionError, OSError):
-                ready = False
-            except Exception:  # gevent/geventhttpclient socket errors while the port is not yet bound
-                ready = False
-            if ready:
-                break
-            now = time.monotonic()
-            if now - t0 > opts.ready_timeout_s:
-                raise StackError(
-                    f"tritonserver not ready after {opts.ready_timeout_s:.0f} s; last "
-                    f"{LOG_TAIL_LINES} lines of {stack.triton_log}:\n{_tail(stack.triton_log)}"
-                )
-            if now >= next_note:
-                log(f"waiting for the server and models {list(opts.ready_models)} ({now - t0:.0f} s)")
-                next_note = now + 10
-            time.sleep(0.2)
-    finally:
-        client.close()
+    paths = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in opts.ready_models)]
+    while True:
+        if triton.poll() is not None:
+            raise StackError(
+                f"tritonserver exited with code {triton.returncode} before it was ready; "
+                f"last {LOG_TAIL_LINES} lines of {stack.triton_log}:\n{_tail(stack.triton_log)}"
+            )
+        if all(http_ready(stack.http_port, p) for p in paths):
+            break
+        now = time.monotonic()
+        if now - t0 > opts.ready_timeout_s:
+            raise StackError(
+                f"tritonserver not ready after {opts.ready_timeout_s:.0f} s; last "
+                f"{LOG_TAIL_LINES} lines of {stack.triton_log}:\n{_tail(stack.triton_log)}"
+            )
+        if now >= next_note:
+            log(f"waiting for the server and models {list(opts.ready_models)} ({now - t0:.0f} s)")
+            next_note = now + 10
+        time.sleep(0.2)
     # a busy port would mean another server answered: make sure the listener is our process
     for port in (stack.http_port, stack.grpc_port):
         owned = _listens_on(triton.pid, port)
