@@ -81,8 +81,9 @@ def test_malformed_json_quotes_position() -> None:
     assert "max_tokens, temperature" in msg
 
 
-@pytest.mark.parametrize(("raw", "kind"), [("[1, 2]", "array"), ('"x"', "string"), ("3", "number"),
-                                           ("null", "null")])
+@pytest.mark.parametrize(
+    ("raw", "kind"), [("[1, 2]", "array"), ('"x"', "string"), ("3", "number"), ("null", "null")]
+)
 def test_non_object_rejected(raw: str, kind: str) -> None:
     msg = rejected(raw)
     assert f"must be a JSON object, got a JSON {kind}" in msg and "allowed keys" in msg
@@ -103,7 +104,7 @@ def test_unknown_keys_listed_with_allowed() -> None:
         ('{"max_tokens": 65}', "max_tokens must be an integer 1..64, got 65"),
         ('{"max_tokens": true}', "max_tokens must be an integer 1..64, got true"),
         ('{"max_tokens": 5.5}', "max_tokens must be an integer 1..64, got 5.5"),
-        ('{"max_tokens": "5"}', "max_tokens must be an integer 1..64, got \"5\""),
+        ('{"max_tokens": "5"}', 'max_tokens must be an integer 1..64, got "5"'),
         ('{"temperature": -0.1}', "temperature must be a number in [0, 2] (0 = greedy), got -0.1"),
         ('{"temperature": 2.5}', "temperature must be a number in [0, 2]"),
         ('{"temperature": false}', "temperature must be a number in [0, 2]"),
@@ -114,7 +115,7 @@ def test_unknown_keys_listed_with_allowed() -> None:
         ('{"seed": -1}', "seed must be null or an integer 0..2**63-1, got -1"),
         ('{"seed": 9223372036854775808}', "seed must be null or an integer 0..2**63-1"),
         ('{"seed": true}', "seed must be null or an integer"),
-        ('{"stop": ""}', "stop entry \"\" is invalid"),
+        ('{"stop": ""}', 'stop entry "" is invalid'),
         ('{"stop": ["a", 3]}', "stop entry 3 is invalid"),
         ('{"stop": {"a": 1}}', "stop must be a string or a list of at most 8 non-empty strings"),
         (json.dumps({"stop": ["x"] * 9}), "stop has 9 entries; allowed: a string or a list of at most 8"),
