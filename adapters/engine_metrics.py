@@ -27,10 +27,10 @@ class TritonEngineObserver(EngineObserver):
             "llm_engine_multi_request_decode_steps_total",
             "Decode steps that served >= 2 requests",
             family.COUNTER,
-        ).Metric(labels=self._labels())
+        )
         self.max_batch = family(
             "llm_engine_max_decode_batch", "Largest number of requests in one decode step", family.GAUGE
-        ).Metric(labels=self._labels())
+        )
         self.finished = family("llm_engine_requests_finished_total", "Finished requests", family.COUNTER)
         self.tokens = family(
             "llm_engine_generated_tokens_total", "Tokens returned to clients", family.COUNTER
@@ -38,12 +38,8 @@ class TritonEngineObserver(EngineObserver):
         self.new_shapes = family(
             "llm_engine_new_shapes_after_ready_total", "Kernel shapes first seen after READY", family.COUNTER
         )
-        self.queue = family("llm_engine_queue_depth", "Requests waiting for a slot", family.GAUGE).Metric(
-            labels=self._labels()
-        )
-        self.active = family("llm_engine_active_requests", "Requests holding a slot", family.GAUGE).Metric(
-            labels=self._labels()
-        )
+        self.queue = family("llm_engine_queue_depth", "Requests waiting for a slot", family.GAUGE)
+        self.active = family("llm_engine_active_requests", "Requests holding a slot", family.GAUGE)
         self.ttft_sum = family("llm_engine_ttft_seconds_sum", "Engine-side TTFT sum per tier", family.COUNTER)
         self.ttft_count = family(
             "llm_engine_ttft_seconds_count", "Engine-side TTFT count per tier", family.COUNTER
@@ -51,6 +47,7 @@ class TritonEngineObserver(EngineObserver):
         self.warmup_stage = family("llm_engine_warmup_stage_seconds", "Warmup stage duration", family.GAUGE)
         self.warmup_total = family("llm_engine_warmup_seconds", "Whole warmup duration", family.GAUGE)
         self.kv_bytes = family("llm_engine_kv_cache_bytes", "KV memory reserved at start", family.GAUGE)
+        # Families are attributes on purpose: the backend rejects a Metric whose family was collected.
         self._metrics: dict[tuple, object] = {}
         self._batch_max = 0
         self._load = (-1, -1)
@@ -70,10 +67,10 @@ class TritonEngineObserver(EngineObserver):
         self._metric(self.step_seconds, kind=kind).increment(seconds)
         if kind == "decode":
             if batch > 1:
-                self.multi.increment(1)
+                self._metric(self.multi).increment(1)
             if batch > self._batch_max:
                 self._batch_max = batch
-                self.max_batch.set(batch)
+                self._metric(self.max_batch).set(batch)
 
     def on_first_token(self, tier: str, ttft_s: float) -> None:
         self._metric(self.ttft_sum, tier=tier).increment(ttft_s)
@@ -90,8 +87,8 @@ class TritonEngineObserver(EngineObserver):
     def on_load(self, queued: int, active: int) -> None:
         if (queued, active) != self._load:
             self._load = (queued, active)
-            self.queue.set(queued)
-            self.active.set(active)
+            self._metric(self.queue).set(queued)
+            self._metric(self.active).set(active)
 
     def record_warmup(self, report: WarmupReport, kv_bytes: int) -> None:
         for stage in report.stages:

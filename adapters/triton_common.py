@@ -12,12 +12,6 @@ import triton_python_backend_utils as pb_utils
 from engine.config import expand_env
 from scheduler.errors import RequestError
 
-_CODES = {
-    "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,
-    "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
-    "INTERNAL": pb_utils.TritonError.INTERNAL,
-    "CANCELLED": pb_utils.TritonError.CANCELLED,
-}
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -27,7 +21,9 @@ def model_parameters(args: dict) -> dict[str, str]:
 
 
 def triton_error(code: str, message: str) -> pb_utils.TritonError:
-    return pb_utils.TritonError(message, _CODES.get(code, pb_utils.TritonError.INTERNAL))
+    """`code` is a RequestError code or CANCELLED; TritonError's codes exist only once the stub runs."""
+    error = pb_utils.TritonError
+    return error(message, getattr(error, code, error.INTERNAL))
 
 
 def error_response(exc: Exception) -> pb_utils.InferenceResponse:

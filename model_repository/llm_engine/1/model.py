@@ -1,6 +1,7 @@
 """Triton adapter for the engine: DLPack tensors in, streamed token windows out (numpy-free)."""
 
 import threading
+from dataclasses import asdict
 import uuid
 
 import torch
@@ -66,7 +67,7 @@ class TritonPythonModel:
         loaded = load_engine(self.config, observer, log=pb_utils.Logger.log_info)
         self.engine = loaded.engine
         observer.record_warmup(loaded.report, loaded.kv_bytes)
-        log_event("warmup_report", load_seconds=round(loaded.load_seconds, 3), report=loaded.report)
+        log_event("warmup_report", load_seconds=round(loaded.load_seconds, 3), report=asdict(loaded.report))
 
     def execute(self, requests):
         for request in requests:
