@@ -48,6 +48,7 @@ class EngineConfig:
     warmup: bool = True
     prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     drain_timeout_s: float = 10.0
+    cancel_dir: str = "/tmp/llm-cancel"
     seed: int = 0
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 

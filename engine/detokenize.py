@@ -165,16 +165,22 @@ class TokenDecoder:
             return self.raw_bytes(token_ids).decode("utf-8", errors="replace")
         return self.tokenizer.decode([int(i) for i in token_ids], skip_special_tokens=True)
 
-    def delta(self, token_ids: Sequence[int], read_offset: int, final: bool) -> bytes:
-        """UTF-8 bytes completed by token_ids[read_offset:], given token_ids[:read_offset] as context."""
+    def delta(self, token_ids: Sequence[int], read_offset: int, final: bool, trim_bytes: int = 0) -> bytes:
+        """UTF-8 bytes completed by token_ids[read_offset:], given token_ids[:read_offset] as context.
+
+        `trim_bytes` (final only) drops the end of the text where a stop string began mid-token.
+        """
         if not 0 <= read_offset <= len(token_ids):
             raise ValueError(f"read_offset {read_offset} is outside the window of {len(token_ids)} tokens")
+        if trim_bytes < 0 or (trim_bytes and not final):
+            raise ValueError(f"trim_bytes={trim_bytes}: allowed only on the final response, and >= 0")
         if self.byte_level:
             prefix = self.raw_bytes(token_ids[:read_offset])
             full = prefix + self.raw_bytes(token_ids[read_offset:])
-            end = len(full) if final else complete_prefix_len(full)
-            return sanitize(full[complete_prefix_len(prefix) : end])
-        return self._text_delta(token_ids, read_offset, final)
+            end = len(full) - trim_bytes if final else complete_prefix_len(full)
+            return sanitize(full[complete_prefix_len(prefix) : max(end, complete_prefix_len(prefix))])
+        text = self._text_delta(token_ids, read_offset, final)
+        return text[: len(text) - trim_bytes] if trim_bytes else text
 
     def _text_delta(self, token_ids: Sequence[int], read_offset: int, final: bool) -> bytes:
         """Fallback for non-byte-level tokenizers: diff decoded text.

@@ -51,12 +51,14 @@ class Engine:
         eos_ids: set[int],
         prompt_buckets: tuple[int, ...],
         observer: EngineObserver | None = None,
+        cancelled_elsewhere: Callable[[], set[str]] | None = None,
     ):
         self.runner = runner
         self.token_bytes = token_bytes
         self.eos_ids = eos_ids
         self.prompt_buckets = tuple(b for b in prompt_buckets if b < runner.max_len) + (runner.max_len,)
         self.observer = observer or EngineObserver()
+        self.cancelled_elsewhere = cancelled_elsewhere or set
         self.stats = EngineStats()
         self.ready = False
         self._queue: AdmissionQueue[EngineRequest] = AdmissionQueue()
@@ -161,10 +163,21 @@ class Engine:
             return drained
 
     def _drop_cancelled(self) -> None:
+        noticed = self.cancelled_elsewhere()
         for state in list(self._active.values()):
-            if state.request.sink.cancelled():
+            if state.request.request_id in noticed or state.request.sink.cancelled():
                 state.request.sink.fail("CANCELLED", "the client cancelled this request")
                 self._finish(state, "cancelled", notify=False)
+        for request_id in noticed:
+            with self._lock:
+                queued = self._queue.remove(request_id)
+            if queued is not None:
+                self._cancel_queued(queued)
+
+    def _cancel_queued(self, request: EngineRequest) -> None:
+        request.sink.fail("CANCELLED", "the client cancelled this request")
+        self.stats.count_finish("cancelled")
+        self.observer.on_finish(request.params.tier, "cancelled", 0)
 
     def _admit(self) -> bool:
         admitted = False
@@ -174,9 +187,7 @@ class Engine:
                     break
                 request = self._queue.pop()
             if request.sink.cancelled():
-                request.sink.fail("CANCELLED", "the client cancelled this request")
-                self.stats.count_finish("cancelled")
-                self.observer.on_finish(request.params.tier, "cancelled", 0)
+                self._cancel_queued(request)
                 continue
             self._start(request, self._free.pop())
             admitted = True
@@ -243,7 +254,7 @@ class Engine:
 
     def _emit(self, state: _Active, final: bool) -> None:
         params = state.request.params
-        ready = state.stop.releasable(finished=final)
+        ready, trim = state.stop.releasable(finished=final)
         if params.stream:
             if ready <= state.sent and not final:
                 return
@@ -254,7 +265,7 @@ class Engine:
         else:
             window, offset = state.request.prompt_ids + state.output[:ready], 0
         state.sent = max(state.sent, ready)
-        state.request.sink.send(window, offset, final)
+        state.request.sink.send(window, offset, final, trim)
 
     def _finish(self, state: _Active, status: str, notify: bool = True) -> None:
         if notify:

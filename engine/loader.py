@@ -42,8 +42,11 @@ def eos_token_ids(model_dir: Path, model_config) -> set[int]:
 
 
 def load_engine(
-    config: EngineConfig, observer: EngineObserver | None = None, log: Callable[[str], None] = print
-):
+    config: EngineConfig,
+    observer: EngineObserver | None = None,
+    log: Callable[[str], None] = print,
+    cancelled_elsewhere: Callable[[], set[str]] | None = None,
+) -> LoadedEngine:
     model_dir = Path(config.model_dir)
     if not (model_dir / "config.json").exists():
         raise FileNotFoundError(
@@ -65,6 +68,7 @@ def load_engine(
         eos_token_ids(model_dir, model.config),
         config.prompt_buckets,
         observer,
+        cancelled_elsewhere,
     )
     load_seconds = time.perf_counter() - started
     log(

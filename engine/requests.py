@@ -11,8 +11,11 @@ from scheduler.messages import EngineRequestParams
 class ResponseSink(Protocol):
     """Where a request's output goes; the Triton adapter wraps a decoupled response sender."""
 
-    def send(self, token_ids: list[int], read_offset: int, final: bool) -> None:
-        """Tokens `token_ids[read_offset:]` are new; the ones before are context for detokenizing."""
+    def send(self, token_ids: list[int], read_offset: int, final: bool, trim_bytes: int) -> None:
+        """Tokens `token_ids[read_offset:]` are new; the ones before are context for detokenizing.
+
+        `trim_bytes` (final responses only) cuts the text where a stop string began inside a token.
+        """
 
     def fail(self, code: str, message: str) -> None:
         """End the request with an error (INVALID_ARG, UNAVAILABLE or INTERNAL)."""

@@ -20,14 +20,20 @@ class StopMatcher:
         self.token_ends.append(len(self.buffer))
         return any(self._find(stop, start) >= 0 for stop in self.stops)
 
-    def releasable(self, finished: bool) -> int:
-        """How many tokens may be sent: all before a matched stop string, else all not held back."""
+    def releasable(self, finished: bool) -> tuple[int, int]:
+        """(tokens that may be sent, bytes to trim off their end).
+
+        After a match: every token that starts before the stop string, trimmed to end exactly where
+        it begins. Otherwise: every token not held back as a possible stop-string start.
+        """
         if not self.stops:
-            return len(self.token_ends)
+            return len(self.token_ends), 0
         cut = self._match_start()
-        if cut is None:
-            cut = len(self.buffer) if finished else len(self.buffer) - self._pending_prefix()
-        return sum(1 for end in self.token_ends if end <= cut)
+        if cut is not None:
+            count = sum(1 for start in [0, *self.token_ends[:-1]] if start < cut)
+            return count, (self.token_ends[count - 1] - cut) if count else 0
+        cut = len(self.buffer) if finished else len(self.buffer) - self._pending_prefix()
+        return sum(1 for end in self.token_ends if end <= cut), 0
 
     def _find(self, stop: bytes, new_from: int) -> int:
         return self.buffer.find(stop, max(0, new_from - len(stop) + 1))

@@ -241,3 +241,10 @@ def test_fallback_per_token_bytes_for_stop_strings() -> None:
     assert dec.raw_bytes([tok.token_to_id("<s>")]) == b""
     ids = tok.encode("café crème").ids
     assert dec.raw_bytes(ids) == " café crème".encode()  # sentencepiece marks the leading space
+
+
+def test_trim_bytes_cuts_the_final_text_where_a_stop_string_began(tok: Tokenizer, dec: TokenDecoder) -> None:
+    ids = tok.encode("hello world", add_special_tokens=False).ids
+    assert dec.delta(ids, 0, final=True, trim_bytes=len(" world")) == b"hello"
+    with pytest.raises(ValueError, match="final"):
+        dec.delta(ids, 0, final=False, trim_bytes=1)

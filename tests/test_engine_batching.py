@@ -23,9 +23,11 @@ class RecordingSink:
     windows: list[tuple[list[int], int, bool]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
     cancel: bool = False
+    trim: int = 0
 
-    def send(self, token_ids, read_offset, final):
+    def send(self, token_ids, read_offset, final, trim_bytes=0):
         self.windows.append((list(token_ids), read_offset, final))
+        self.trim += trim_bytes
 
     def fail(self, code, message):
         self.errors.append((code, message))
@@ -138,8 +140,11 @@ def test_stop_string_ends_before_the_match(model):
     free = generate(engine, [1, 7, 7], max_tokens=12)
     text = bytes(97 + t % 26 for t in free).decode()
     stop = text[5:7]
-    stopped = generate(engine, [1, 7, 7], max_tokens=12, stop=(stop,))
-    assert bytes(97 + t % 26 for t in stopped).decode() == text[: text.index(stop)]
+    sink = RecordingSink()
+    engine.submit(request([1, 7, 7], sink, max_tokens=12, stop=(stop,)))
+    run_until_idle(engine)
+    stopped = bytes(97 + t % 26 for t in sink.tokens).decode()
+    assert stopped[: len(stopped) - sink.trim] == text[: text.index(stop)]
 
 
 def test_cancelled_request_frees_its_slot_for_a_queued_one(model):
@@ -165,10 +170,10 @@ def test_admission_order_is_tier_then_deadline(model):
             super().__init__()
             self.name = name
 
-        def send(self, token_ids, read_offset, final):
+        def send(self, token_ids, read_offset, final, trim_bytes=0):
             if not self.windows:
                 order.append(self.name)
-            super().send(token_ids, read_offset, final)
+            super().send(token_ids, read_offset, final, trim_bytes)
 
     blocker = OrderSink("blocker")
     engine.submit(request([1, 2], blocker, rid="blocker", max_tokens=2))
@@ -229,3 +234,18 @@ def test_shutdown_drains_running_requests(model):
     assert sink.finished and len(sink.tokens) == 20 and not sink.errors
     with pytest.raises(Exception, match="shutting down"):
         engine.submit(request([1, 2], RecordingSink()))
+
+
+def test_cancellation_noticed_elsewhere_frees_running_and_queued_requests(model):
+    notices: set[str] = set()
+    engine = make_engine(model, slots=1)
+    engine.cancelled_elsewhere = lambda: set(notices)
+    running, queued = RecordingSink(), RecordingSink()
+    engine.submit(request([1, 2], running, rid="run", max_tokens=50))
+    engine.submit(request([1, 3], queued, rid="wait", max_tokens=50))
+    engine.step()
+    notices.update({"run", "wait"})
+    engine.step()
+    assert running.errors[0][0] == "CANCELLED" and queued.errors[0][0] == "CANCELLED"
+    assert engine.load() == (0, 0)
+    assert engine.stats.finished == {"cancelled": 2}

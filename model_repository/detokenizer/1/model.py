@@ -5,28 +5,38 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from adapters.triton_common import error_response, model_parameters
+from adapters.triton_common import error_response, model_parameters, triton_error
+from engine.cancel_mailbox import CancelMailbox
 from engine.detokenize import TokenDecoder
+
+
+def _values(request, name):
+    return pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.decoder = TokenDecoder.from_model_dir(Path(model_parameters(args)["model_dir"]))
+        params = model_parameters(args)
+        self.decoder = TokenDecoder.from_model_dir(Path(params["model_dir"]))
+        self.mailbox = CancelMailbox(params["cancel_dir"])
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                ids = pb_utils.get_input_tensor_by_name(request, "token_ids").as_numpy().reshape(-1).tolist()
-                offset = int(
-                    pb_utils.get_input_tensor_by_name(request, "read_offset").as_numpy().reshape(-1)[0]
-                )
-                final = bool(pb_utils.get_input_tensor_by_name(request, "is_final").as_numpy().reshape(-1)[0])
-                piece = self.decoder.delta(ids, offset, final)
-                out = np.array([piece], dtype=np.object_)
-                responses.append(
-                    pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", out)])
-                )
-            except Exception as exc:
-                responses.append(error_response(exc))
-        return responses
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        try:
+            if request.is_cancelled():
+                namespace, key = (int(v) for v in _values(request, "request_key"))
+                self.mailbox.post(namespace, key)
+                return pb_utils.InferenceResponse(error=triton_error("CANCELLED", "the client cancelled this request"))
+            piece = self.decoder.delta(
+                _values(request, "token_ids").tolist(),
+                int(_values(request, "read_offset")[0]),
+                bool(_values(request, "is_final")[0]),
+                int(_values(request, "trim_bytes")[0]),
+            )
+            return pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("text_output", np.array([piece], dtype=np.object_))]
+            )
+        except Exception as exc:
+            return error_response(exc)

@@ -1,8 +1,9 @@
 """Triton adapter for the engine: DLPack tensors in, streamed token windows out (numpy-free)."""
 
+import itertools
+import os
 import threading
 from dataclasses import asdict
-import uuid
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -10,6 +11,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from adapters.engine_metrics import TritonEngineObserver
 from adapters.triton_common import log_event, model_parameters, triton_error
+from engine.cancel_mailbox import CancelMailbox
 from engine.config import EngineConfig
 from engine.loader import load_engine
 from engine.requests import EngineRequest
@@ -31,17 +33,21 @@ def _input(request, name):
 class TritonSink:
     """Sends one request's windows through its decoupled response sender (from the engine thread)."""
 
-    def __init__(self, request):
+    def __init__(self, request, key):
+        self.key = key
+        self.request = request
         self.sender = request.get_response_sender()
         self.lock = threading.Lock()
         self.closed = False
 
-    def send(self, token_ids, read_offset, final):
+    def send(self, token_ids, read_offset, final, trim_bytes):
         response = pb_utils.InferenceResponse(
             output_tensors=[
                 _tensor("token_ids", token_ids, torch.int64),
                 _tensor("read_offset", [read_offset], torch.int32),
                 _tensor("is_final", [final], torch.bool),
+                _tensor("trim_bytes", [trim_bytes], torch.int32),
+                _tensor("request_key", self.key, torch.int64),
             ]
         )
         self._send(response, FINAL if final else 0)
@@ -50,7 +56,7 @@ class TritonSink:
         self._send(pb_utils.InferenceResponse(error=triton_error(code, message)), FINAL)
 
     def cancelled(self):
-        return self.sender.is_cancelled()
+        return self.request.is_cancelled()
 
     def _send(self, response, flags):
         with self.lock:
@@ -64,19 +70,29 @@ class TritonPythonModel:
     def initialize(self, args):
         self.config = EngineConfig.from_parameters(model_parameters(args))
         observer = TritonEngineObserver(model=args["model_name"])
-        loaded = load_engine(self.config, observer, log=pb_utils.Logger.log_info)
+        self.namespace = os.getpid()
+        mailbox = CancelMailbox(self.config.cancel_dir)
+        mailbox.open_inbox(self.namespace)
+        self.keys = itertools.count(1)
+        loaded = load_engine(
+            self.config,
+            observer,
+            log=pb_utils.Logger.log_info,
+            cancelled_elsewhere=lambda: mailbox.collect(self.namespace),
+        )
         self.engine = loaded.engine
         observer.record_warmup(loaded.report, loaded.kv_bytes)
         log_event("warmup_report", load_seconds=round(loaded.load_seconds, 3), report=asdict(loaded.report))
 
     def execute(self, requests):
         for request in requests:
-            sink = TritonSink(request)
+            key = next(self.keys)
+            sink = TritonSink(request, [self.namespace, key])
             try:
                 params = EngineRequestParams.from_bytes(bytes(_input(request, "request_params").tolist()))
                 self.engine.submit(
                     EngineRequest(
-                        request_id=request.request_id() or uuid.uuid4().hex,
+                        request_id=str(key),
                         prompt_ids=_input(request, "input_ids").tolist(),
                         params=params,
                         priority=int(_input(request, "priority")[0]),

@@ -1,0 +1,48 @@
+"""Cancellation notices from the detokenizer step to the engine step of the same server.
+
+Triton 24.10's ensemble does not cancel an in-flight step: it only marks the *next* step's
+request as cancelled (core PR #263). The next step after the engine is the detokenizer, which
+sees `request.is_cancelled()` and posts the engine's request key here; the engine collects the
+notices between decode steps and frees the slot. One folder per engine process keeps servers
+sharing a machine apart.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+class CancelMailbox:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def inbox(self, namespace: int) -> Path:
+        return self.root / str(namespace)
+
+    def open_inbox(self, namespace: int) -> Path:
+        """Create (empty) the engine's own inbox; stale notices of a dead process are dropped."""
+        inbox = self.inbox(namespace)
+        shutil.rmtree(inbox, ignore_errors=True)
+        inbox.mkdir(parents=True, exist_ok=True)
+        return inbox
+
+    def post(self, namespace: int, key: int) -> bool:
+        """Leave a notice; False when no engine with that namespace has an inbox."""
+        inbox = self.inbox(namespace)
+        if not inbox.is_dir():
+            return False
+        (inbox / str(key)).touch()
+        return True
+
+    def collect(self, namespace: int) -> set[str]:
+        """Take every waiting notice (each is returned once)."""
+        inbox = self.inbox(namespace)
+        try:
+            names = os.listdir(inbox)
+        except FileNotFoundError:
+            return set()
+        for name in names:
+            (inbox / name).unlink(missing_ok=True)
+        return set(names)

@@ -1,0 +1,186 @@
+"""The serving path end to end: real tritonserver, real model repository, tritonclient gRPC streaming."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client.generate import GenerationError, StreamingSession, generate
+from tests.conftest import scrape_metrics
+
+GREEDY = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
+
+
+def engine_metric(metrics_url: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels`."""
+    total = 0.0
+    for key, value in scrape_metrics(metrics_url).items():
+        if key.split("{")[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items()):
+            total += value
+    return total
+
+
+def wait_for(predicate, timeout_s=30.0, interval_s=0.05):
+    """Poll a condition with a deadline (a condition check, not a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
+
+
+def test_streaming_returns_text_piece_by_piece(grpc_url):
+    streamed = generate(grpc_url, "The history of the", sampling=GREEDY, stream=True)
+    whole = generate(grpc_url, "The history of the", sampling=GREEDY, stream=False, exclude_input_in_output=True)
+    assert len(streamed.pieces) >= 10
+    assert "".join(streamed.pieces) == streamed.text == whole.text
+    assert 0 < streamed.ttft_s < streamed.total_s
+
+
+def test_greedy_output_is_identical_across_runs(grpc_url):
+    first = generate(grpc_url, "A function that returns", sampling=GREEDY).text
+    assert first
+    for _ in range(2):
+        assert generate(grpc_url, "A function that returns", sampling=GREEDY).text == first
+
+
+def test_seeded_sampling_is_reproducible(grpc_url):
+    sampling = {"max_tokens": 20, "temperature": 0.9, "top_p": 0.95, "top_k": 50, "seed": 1234, "ignore_eos": True}
+    first = generate(grpc_url, "Sampling check", sampling=sampling).text
+    assert generate(grpc_url, "Sampling check", sampling=sampling).text == first
+    assert generate(grpc_url, "Sampling check", sampling={**sampling, "seed": 99}).text != first
+
+
+def test_prompt_is_prepended_unless_excluded(grpc_url):
+    prompt = "Prefix test"
+    included = generate(grpc_url, prompt, sampling=GREEDY, stream=False, exclude_input_in_output=False)
+    excluded = generate(grpc_url, prompt, sampling=GREEDY, stream=False, exclude_input_in_output=True)
+    assert included.text == prompt + excluded.text
+
+
+def test_max_tokens_and_stop_strings(grpc_url):
+    free = generate(grpc_url, "Stop strings", sampling={**GREEDY, "max_tokens": 30}).text
+    stop = free[len(free) // 2 : len(free) // 2 + 3]
+    stopped = generate(grpc_url, "Stop strings", sampling={**GREEDY, "max_tokens": 30, "stop": [stop]}).text
+    assert stopped == free[: free.index(stop)]
+    assert len(generate(grpc_url, "Short", sampling={**GREEDY, "max_tokens": 1}).pieces) == 1
+
+
+def test_concurrent_requests_are_batched(grpc_url, metrics_url):
+    multi_before = engine_metric(metrics_url, "llm_engine_multi_request_decode_steps_total")
+    with StreamingSession(grpc_url) as session:
+        ids = [session.submit(f"Concurrent request {i}", sampling={**GREEDY, "max_tokens": 40}) for i in range(4)]
+        assert session.wait(ids, timeout_s=120)
+        results = [session.result(rid) for rid in ids]
+    assert all(r.error is None and r.text for r in results)
+    assert engine_metric(metrics_url, "llm_engine_max_decode_batch") >= 2
+    assert engine_metric(metrics_url, "llm_engine_multi_request_decode_steps_total") > multi_before
+
+
+def test_tier_and_tenant_as_inputs_and_request_parameters(grpc_url, metrics_url):
+    before = engine_metric(metrics_url, "llm_engine_requests_finished_total", tier="critical")
+    assert generate(grpc_url, "Critical", sampling=GREEDY, tier="critical", tenant="acme").text
+    assert engine_metric(metrics_url, "llm_engine_requests_finished_total", tier="critical") == before + 1
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Parameters"], dtype=np.object_))
+    client.async_stream_infer("llm", [text], request_id="p1", parameters={"slo_tier": "gold"})
+    _, error = results.get(timeout=60)
+    client.stop_stream()
+    assert error is not None and "unknown slo_tier 'gold'" in str(error)
+
+
+BAD_REQUESTS = [
+    ("", None, None, "empty"),
+    ("   ", None, None, "empty"),
+    ("x " * 3000, None, None, "at most 2047"),
+    ("hi", "{not json", None, "JSON"),
+    ("hi", json.dumps({"temperature": 5}), None, "temperature"),
+    ("hi", json.dumps({"max_tokens": 0}), None, "max_tokens"),
+    ("hi", json.dumps({"max_tokens": True}), None, "max_tokens"),
+    ("hi", json.dumps({"top_p": 0}), None, "top_p"),
+    ("hi", json.dumps({"best_of": 2}), None, "allowed"),
+    ("hi", json.dumps([1, 2]), None, "object"),
+    ("hi", None, "gold", "allowed: critical, warmup, standard, batch"),
+]
+
+
+@pytest.mark.parametrize(("prompt", "sampling_json", "tier", "expected"), BAD_REQUESTS)
+def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(grpc_url, prompt, sampling_json, tier, expected):
+    client = grpcclient.InferenceServerClient(grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inputs = [_bytes_input("text_input", prompt.encode())]
+    if sampling_json is not None:
+        inputs.append(_bytes_input("sampling_parameters", sampling_json.encode()))
+    if tier is not None:
+        inputs.append(_bytes_input("slo_tier", tier.encode()))
+    client.async_stream_infer("llm", inputs, request_id="bad")
+    _, error = results.get(timeout=60)
+    client.stop_stream()
+    assert error is not None, "a bad request must fail"
+    assert expected.lower() in str(error).lower()
+    assert generate(grpc_url, "still serving", sampling={"max_tokens": 3}).text
+
+
+@pytest.mark.parametrize(
+    ("name", "array", "dtype", "expected"),
+    [
+        ("text_input", np.array([7], dtype=np.int32), "INT32", "expects 'BYTES'"),
+        ("text_input", np.array([b"a", b"b"], dtype=np.object_), "BYTES", "shape"),
+    ],
+)
+def test_wrong_input_type_or_shape_is_rejected(grpc_url, name, array, dtype, expected):
+    client = grpcclient.InferenceServerClient(grpc_url)
+    tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+    tensor.set_data_from_numpy(array)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.async_stream_infer("llm", [tensor], request_id="wrong")
+    _, error = results.get(timeout=60)
+    client.stop_stream()
+    assert error is not None and expected.lower() in str(error).lower()
+    assert generate(grpc_url, "still serving", sampling={"max_tokens": 3}).text
+
+
+def test_cancelled_stream_frees_its_slot(grpc_url, metrics_url):
+    cancelled_before = engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cancelled")
+    session = StreamingSession(grpc_url)
+    started: queue.Queue = queue.Queue()
+    session.submit("A long answer", sampling={"max_tokens": 500, "ignore_eos": True}, on_piece=started.put)
+    started.get(timeout=60)
+    assert engine_metric(metrics_url, "llm_engine_active_requests") == 1
+    session.cancel()
+    assert wait_for(
+        lambda: engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cancelled")
+        == cancelled_before + 1
+    )
+    assert wait_for(lambda: engine_metric(metrics_url, "llm_engine_active_requests") == 0)
+    assert generate(grpc_url, "after cancel", sampling={"max_tokens": 3}).text
+
+
+def test_warmup_left_no_new_shapes_for_served_lengths(grpc_url, metrics_url):
+    for words in (3, 40, 300):
+        generate(grpc_url, "word " * words, sampling={"max_tokens": 4})
+    assert engine_metric(metrics_url, "llm_engine_new_shapes_after_ready_total") == 0
+    assert engine_metric(metrics_url, "llm_engine_warmup_seconds") > 0
+
+
+def test_errors_raise_generation_error(grpc_url):
+    with pytest.raises(GenerationError, match="unknown slo_tier"):
+        generate(grpc_url, "hi", tier="platinum")
+
+
+def _bytes_input(name: str, value: bytes) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([value], dtype=np.object_))
+    return tensor
