@@ -37,7 +37,9 @@ def wait_for(predicate, timeout_s=30.0, interval_s=0.05):
 
 def test_streaming_returns_text_piece_by_piece(grpc_url):
     streamed = generate(grpc_url, "The history of the", sampling=GREEDY, stream=True)
-    whole = generate(grpc_url, "The history of the", sampling=GREEDY, stream=False, exclude_input_in_output=True)
+    whole = generate(
+        grpc_url, "The history of the", sampling=GREEDY, stream=False, exclude_input_in_output=True
+    )
     assert len(streamed.pieces) >= 10
     assert "".join(streamed.pieces) == streamed.text == whole.text
     assert 0 < streamed.ttft_s < streamed.total_s
@@ -51,7 +53,14 @@ def test_greedy_output_is_identical_across_runs(grpc_url):
 
 
 def test_seeded_sampling_is_reproducible(grpc_url):
-    sampling = {"max_tokens": 20, "temperature": 0.9, "top_p": 0.95, "top_k": 50, "seed": 1234, "ignore_eos": True}
+    sampling = {
+        "max_tokens": 20,
+        "temperature": 0.9,
+        "top_p": 0.95,
+        "top_k": 50,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
     first = generate(grpc_url, "Sampling check", sampling=sampling).text
     assert generate(grpc_url, "Sampling check", sampling=sampling).text == first
     assert generate(grpc_url, "Sampling check", sampling={**sampling, "seed": 99}).text != first
@@ -75,7 +84,9 @@ def test_max_tokens_and_stop_strings(grpc_url):
 def test_concurrent_requests_are_batched(grpc_url, metrics_url):
     multi_before = engine_metric(metrics_url, "llm_engine_multi_request_decode_steps_total")
     with StreamingSession(grpc_url) as session:
-        ids = [session.submit(f"Concurrent request {i}", sampling={**GREEDY, "max_tokens": 40}) for i in range(4)]
+        ids = [
+            session.submit(f"Concurrent request {i}", sampling={**GREEDY, "max_tokens": 40}) for i in range(4)
+        ]
         assert session.wait(ids, timeout_s=120)
         results = [session.result(rid) for rid in ids]
     assert all(r.error is None and r.text for r in results)
@@ -115,7 +126,9 @@ BAD_REQUESTS = [
 
 
 @pytest.mark.parametrize(("prompt", "sampling_json", "tier", "expected"), BAD_REQUESTS)
-def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(grpc_url, prompt, sampling_json, tier, expected):
+def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
+    grpc_url, prompt, sampling_json, tier, expected
+):
     client = grpcclient.InferenceServerClient(grpc_url)
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
@@ -158,11 +171,13 @@ def test_cancelled_stream_frees_its_slot(grpc_url, metrics_url):
     started: queue.Queue = queue.Queue()
     session.submit("A long answer", sampling={"max_tokens": 500, "ignore_eos": True}, on_piece=started.put)
     started.get(timeout=60)
-    assert engine_metric(metrics_url, "llm_engine_active_requests") == 1
+    assert wait_for(lambda: engine_metric(metrics_url, "llm_engine_active_requests") == 1)
     session.cancel()
     assert wait_for(
-        lambda: engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cancelled")
-        == cancelled_before + 1
+        lambda: (
+            engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cancelled")
+            == cancelled_before + 1
+        )
     )
     assert wait_for(lambda: engine_metric(metrics_url, "llm_engine_active_requests") == 0)
     assert generate(grpc_url, "after cancel", sampling={"max_tokens": 3}).text

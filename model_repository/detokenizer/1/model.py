@@ -28,7 +28,9 @@ class TritonPythonModel:
             if request.is_cancelled():
                 namespace, key = (int(v) for v in _values(request, "request_key"))
                 self.mailbox.post(namespace, key)
-                return pb_utils.InferenceResponse(error=triton_error("CANCELLED", "the client cancelled this request"))
+                return pb_utils.InferenceResponse(
+                    error=triton_error("CANCELLED", "the client cancelled this request")
+                )
             piece = self.decoder.delta(
                 _values(request, "token_ids").tolist(),
                 int(_values(request, "read_offset")[0]),

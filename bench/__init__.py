@@ -1,0 +1,1 @@
+"""Benchmarks: each prints a table, writes JSON + Markdown + PNG under bench/results/."""

@@ -1,0 +1,192 @@
+"""Cold-start benchmark: first-request TTFT after READY vs steady state, warmup off vs on.
+
+One run starts the server twice (warmup off, then on). For each prompt length it sends the first
+request of that length, then `--steady` more, and reports first / median(steady). Writes
+bench/results/coldstart-<tag>.{json,md,png}.
+
+    python -m bench.coldstart                                   # CPU, tiny model
+    python -m bench.coldstart --device cuda --dtype bfloat16 --preset 1b --max-seq-len 4096 \
+        --lengths 12,48,200,900,1800,3500 --text-env $TEXT_ENV --no-redis --tag h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.common import REPO_ROOT, PromptFactory, median, print_table, progress, ttft_ms, write_results
+from deploy.launch import StackOptions, start_stack
+
+TARGET_RATIO = 1.2
+
+
+@dataclass
+class LengthResult:
+    tokens: int
+    first_ms: float
+    steady_ms: list[float]
+
+    @property
+    def steady_median_ms(self) -> float:
+        return median(self.steady_ms)
+
+    @property
+    def ratio(self) -> float:
+        return self.first_ms / self.steady_median_ms
+
+
+@dataclass
+class ConfigResult:
+    warmup: bool
+    ready_s: float
+    lengths: list[LengthResult] = field(default_factory=list)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--lengths", default="12,48,200,900", help="prompt lengths in tokens (comma-separated)"
+    )
+    parser.add_argument("--steady", type=int, default=8, help="requests per length after the first")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--preset", default="tiny", help="model preset built by engine.build_model")
+    parser.add_argument("--model-dir", type=Path, default=None)
+    parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument(
+        "--text-env", type=Path, default=None, help="numpy<2 venv for the BYTES steps (GPU image)"
+    )
+    parser.add_argument(
+        "--no-redis", action="store_true", help="do not start redis-server (none on the GPU image)"
+    )
+    parser.add_argument("--tag", default=None, help="result file tag (default: the device)")
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="write results here instead of bench/results"
+    )
+    return parser.parse_args(argv)
+
+
+def run_config(args: argparse.Namespace, model_dir: Path, warmup: bool, lengths: list[int]) -> ConfigResult:
+    label = "on" if warmup else "off"
+    options = StackOptions(
+        run_dir=REPO_ROOT / ".run" / f"bench-coldstart-{label}",
+        model_dir=model_dir,
+        warmup=warmup,
+        text_env=args.text_env,
+        start_redis=not args.no_redis,
+        redis_url=None if not args.no_redis else "redis://127.0.0.1:1/0",
+        extra_env={
+            "LLM_DEVICE": args.device,
+            "LLM_DTYPE": args.dtype,
+            "LLM_MAX_SEQ_LEN": str(args.max_seq_len),
+        },
+    )
+    progress(f"warmup {label}: starting the server")
+    started = time.perf_counter()
+    stack = start_stack(options)
+    result = ConfigResult(warmup=warmup, ready_s=time.perf_counter() - started)
+    progress(f"warmup {label}: READY after {result.ready_s:.1f} s")
+    prompts = PromptFactory(model_dir)
+    try:
+        for tokens in lengths:
+            first = ttft_ms(stack.grpc_url, prompts.make(tokens))
+            steady = [ttft_ms(stack.grpc_url, prompts.make(tokens)) for _ in range(args.steady)]
+            item = LengthResult(tokens, first, steady)
+            result.lengths.append(item)
+            progress(
+                f"warmup {label}: {tokens:>5} tokens first {first:8.2f} ms  "
+                f"steady {item.steady_median_ms:8.2f} ms  ratio {item.ratio:5.2f}"
+            )
+    finally:
+        stack.stop()
+    return result
+
+
+def plot(results: list[ConfigResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.38
+    lengths = [item.tokens for item in results[0].lengths]
+    for index, config in enumerate(results):
+        xs = [i + (index - 0.5) * width for i in range(len(lengths))]
+        ax.bar(
+            xs,
+            [item.ratio for item in config.lengths],
+            width,
+            label=f"warmup {'on' if config.warmup else 'off'}",
+        )
+    ax.axhline(TARGET_RATIO, color="red", linestyle="--", label=f"target {TARGET_RATIO}x")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("first-request TTFT / steady median TTFT")
+    ax.set_yscale("log")
+    ax.set_title("Cold-start penalty per prompt length")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    model_dir = args.model_dir or REPO_ROOT / "models" / (
+        "tiny-llama" if args.preset == "tiny" else f"{args.preset}-llama"
+    )
+    if not (model_dir / "config.json").exists():
+        from engine.build_model import build
+
+        progress(f"building the {args.preset} model into {model_dir}")
+        build(args.preset, model_dir)
+    results = [run_config(args, model_dir, warmup, lengths) for warmup in (False, True)]
+    headers = ["warmup", "tokens", "first TTFT ms", "steady median ms", "first/steady", "target"]
+    rows = []
+    for config in results:
+        for item in config.lengths:
+            target = "" if not config.warmup else ("met" if item.ratio <= TARGET_RATIO else "MISSED")
+            rows.append(
+                [
+                    "on" if config.warmup else "off",
+                    item.tokens,
+                    item.first_ms,
+                    item.steady_median_ms,
+                    item.ratio,
+                    target,
+                ]
+            )
+    table = print_table(headers, rows)
+    ready = " | ".join(f"warmup {'on' if c.warmup else 'off'}: READY in {c.ready_s:.1f} s" for c in results)
+    print(ready)
+    tag = args.tag or args.device.split(":")[0]
+    command = "python -m bench.coldstart " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
+    payload = {
+        "configs": results,
+        "target_ratio": TARGET_RATIO,
+        "device": args.device,
+        "model_dir": str(model_dir),
+    }
+    base = write_results("coldstart", tag, payload, table + "\n\n" + ready, command, args.out_dir)
+    plot(results, base.with_suffix(".png"))
+    progress(f"wrote {base}.json/.md/.png")
+    warm = next(c for c in results if c.warmup)
+    met = all(item.ratio <= TARGET_RATIO for item in warm.lengths)
+    print(
+        f"target (warmup on, first/steady <= {TARGET_RATIO} for every length): {'met' if met else 'MISSED'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

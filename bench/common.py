@@ -1,0 +1,106 @@
+"""Shared benchmark plumbing: prompts of a given token length, TTFT probes, result files."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, is_dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from client.generate import generate
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "bench" / "results"
+CORPUS = REPO_ROOT / "data" / "corpus.txt"
+
+
+class PromptFactory:
+    """Distinct prompts of an exact token count (BOS included), cut from the shipped corpus."""
+
+    def __init__(self, model_dir: Path):
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.ids = self.tokenizer.encode(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False).ids
+        self.cursor = 0
+
+    def make(self, tokens: int) -> str:
+        """Walk the corpus so every prompt differs; re-tokenization may shift the count by a token or two."""
+        want = max(1, tokens - 1)
+        if self.cursor + want >= len(self.ids):
+            self.cursor = 0
+        text = self.tokenizer.decode(self.ids[self.cursor : self.cursor + want])
+        self.cursor += want + 7
+        return text
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text).ids)
+
+
+def ttft_ms(url: str, prompt: str, max_tokens: int = 4, tier: str | None = None) -> float:
+    result = generate(url, prompt, sampling={"max_tokens": max_tokens, "ignore_eos": True}, tier=tier)
+    return result.ttft_s * 1000.0
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def machine_description() -> str:
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        gpu = ""
+    cpu = platform.processor() or platform.machine()
+    return f"{platform.node()} ({cpu}, {gpu or 'no GPU'})"
+
+
+def print_table(headers: list[str], rows: list[list[object]]) -> str:
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    table = "\n".join(lines)
+    print(table, flush=True)
+    return table
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def write_results(
+    name: str, tag: str, payload: dict, table: str, command: str, results_dir: Path | None = None
+) -> Path:
+    """<results_dir>/<name>-<tag>.json and .md (command, machine, date beside the figures)."""
+    results_dir = results_dir or RESULTS
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    meta = {"command": command, "machine": machine_description(), "date": stamp}
+    data = {**meta, **{k: (asdict(v) if is_dataclass(v) else v) for k, v in payload.items()}}
+    base = results_dir / f"{name}-{tag}"
+    base.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    md = (
+        f"# {name} ({tag})\n\n- command: `{command}`\n- machine: {meta['machine']}\n"
+        f"- date: {stamp}\n\n{table}\n"
+    )
+    base.with_suffix(".md").write_text(md, encoding="utf-8")
+    return base
+
+
+def progress(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
