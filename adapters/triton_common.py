@@ -13,7 +13,6 @@ from engine.config import expand_env
 from scheduler.errors import RequestError
 
 
-
 def model_parameters(args: dict) -> dict[str, str]:
     """Model-config parameters as plain strings (Triton's convention), `${VAR:-default}` expanded."""
     config = json.loads(args["model_config"])
@@ -44,3 +43,29 @@ def request_parameters(request) -> dict:
         return json.loads(raw) if raw else {}
     except (ValueError, AttributeError):
         return {}
+
+
+def warm_handler(handler, model_name: str, inputs: dict, rounds: int = 3) -> float:
+    """Run a model's own request handler on local requests before READY; returns the seconds spent.
+
+    The first execute of a Python model pays for lazy imports, the tokenizer's first call and the
+    first tensor conversions (16-20 ms per text step measured on the CPU); paying it here keeps it
+    out of the first user's TTFT. BLS cannot run in initialize(), but a locally built
+    InferenceRequest goes through the same handler code without leaving the process. The handler
+    is called with `local=True`: such a request has no server-side state (asking it whether it
+    was cancelled aborts the stub).
+    """
+    import time
+
+    request = pb_utils.InferenceRequest(
+        model_name=model_name,
+        inputs=[pb_utils.Tensor(name, value) for name, value in inputs.items()],
+        requested_output_names=[],
+    )
+    started = time.perf_counter()
+    for _ in range(rounds):
+        response = handler(request, local=True)
+        if response.has_error():
+            raise RuntimeError(f"self-warmup of {model_name} failed: {response.error().message()}")
+    return time.perf_counter() - started
+

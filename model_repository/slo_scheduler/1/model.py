@@ -7,7 +7,13 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
 
-from adapters.triton_common import error_response, log_event, model_parameters, request_parameters
+from adapters.triton_common import (
+    error_response,
+    log_event,
+    model_parameters,
+    request_parameters,
+    warm_handler,
+)
 from scheduler.step import SchedulerStep
 from scheduler.tiers import TierTable
 from scheduler.validation import Limits
@@ -32,12 +38,28 @@ class TritonPythonModel:
             ),
             tiers=tiers.for_device(params.get("device", "cpu")),
         )
-        log_event("scheduler_ready", tiers=list(self.step.tiers.names), max_prompt_tokens=max_prompt)
+        warm_s = warm_handler(
+            self._one,
+            args["model_name"],
+            {
+                "text_input": np.array([b"Warm the tokenizer and validation paths"], dtype=np.object_),
+                "sampling_parameters": np.array(
+                    [b'{"max_tokens": 4, "temperature": 0.5, "seed": 1}'], dtype=np.object_
+                ),
+                "stream": np.array([True]),
+            },
+        )
+        log_event(
+            "scheduler_ready",
+            tiers=list(self.step.tiers.names),
+            max_prompt_tokens=max_prompt,
+            self_warmup_ms=round(warm_s * 1000, 2),
+        )
 
     def execute(self, requests):
         return [self._one(request) for request in requests]
 
-    def _one(self, request):
+    def _one(self, request, local=False):
         try:
             extra = request_parameters(request)
             tier = _optional(request, "slo_tier")
