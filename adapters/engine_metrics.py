@@ -6,8 +6,9 @@ import triton_python_backend_utils as pb_utils
 
 from engine.observer import EngineObserver
 from engine.warmup import WarmupReport
+from scheduler.tiers import TierTable
 
-TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
+KNOWN_TIERS = TierTable.defaults().names
 
 
 class TritonEngineObserver(EngineObserver):
@@ -51,6 +52,21 @@ class TritonEngineObserver(EngineObserver):
         self._metrics: dict[tuple, object] = {}
         self._batch_max = 0
         self._load = (-1, -1)
+        self._create_known_series()
+
+    def _create_known_series(self) -> None:
+        """Create the label sets traffic will use now: each first Metric() is an IPC round trip."""
+        for kind in ("prefill", "decode"):
+            for family in (self.steps, self.step_requests, self.step_seconds):
+                self._metric(family, kind=kind)
+        for tier in KNOWN_TIERS:
+            self._metric(self.ttft_sum, tier=tier)
+            self._metric(self.ttft_count, tier=tier)
+            self._metric(self.tokens, tier=tier)
+            for status in ("stop", "length", "cancelled", "error"):
+                self._metric(self.finished, tier=tier, status=status)
+        for family in (self.multi, self.max_batch, self.queue, self.active):
+            self._metric(family)
 
     def _labels(self, **extra: str) -> dict[str, str]:
         return {"model": self.model, **extra}

@@ -68,4 +68,3 @@ def warm_handler(handler, model_name: str, inputs: dict, rounds: int = 3) -> flo
         if response.has_error():
             raise RuntimeError(f"self-warmup of {model_name} failed: {response.error().message()}")
     return time.perf_counter() - started
-

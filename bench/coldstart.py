@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import REPO_ROOT, PromptFactory, median, print_table, progress, ttft_ms, write_results
+from bench.common import REPO_ROOT, PromptFactory, TtftProbe, median, print_table, progress, write_results
 from deploy.launch import StackOptions, start_stack
 
 TARGET_RATIO = 1.2
@@ -93,10 +93,11 @@ def run_config(args: argparse.Namespace, model_dir: Path, warmup: bool, lengths:
     result = ConfigResult(warmup=warmup, ready_s=time.perf_counter() - started)
     progress(f"warmup {label}: READY after {result.ready_s:.1f} s")
     prompts = PromptFactory(model_dir)
+    probe = TtftProbe(stack.grpc_url)
     try:
         for tokens in lengths:
-            first = ttft_ms(stack.grpc_url, prompts.make(tokens))
-            steady = [ttft_ms(stack.grpc_url, prompts.make(tokens)) for _ in range(args.steady)]
+            first = probe.ttft_ms(prompts.make(tokens))
+            steady = [probe.ttft_ms(prompts.make(tokens)) for _ in range(args.steady)]
             item = LengthResult(tokens, first, steady)
             result.lengths.append(item)
             progress(
@@ -104,6 +105,7 @@ def run_config(args: argparse.Namespace, model_dir: Path, warmup: bool, lengths:
                 f"steady {item.steady_median_ms:8.2f} ms  ratio {item.ratio:5.2f}"
             )
     finally:
+        probe.close()
         stack.stop()
     return result
 

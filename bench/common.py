@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from client.generate import generate
+from client.generate import StreamingSession
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "bench" / "results"
@@ -41,9 +41,28 @@ class PromptFactory:
         return len(self.tokenizer.encode(text).ids)
 
 
-def ttft_ms(url: str, prompt: str, max_tokens: int = 4, tier: str | None = None) -> float:
-    result = generate(url, prompt, sampling={"max_tokens": max_tokens, "ignore_eos": True}, tier=tier)
-    return result.ttft_s * 1000.0
+class TtftProbe:
+    """Sends requests one at a time on one long-lived gRPC stream, as a production client would.
+
+    A fresh channel per request would add connection set-up (2-5 ms on the CPU machine) to every
+    figure, and the very first one would add the process's first gRPC handshake, which is the
+    client's cold start, not the server's.
+    """
+
+    def __init__(self, url: str):
+        self.session = StreamingSession(url)
+
+    def ttft_ms(self, prompt: str, max_tokens: int = 4, tier: str | None = None) -> float:
+        rid = self.session.submit(prompt, sampling={"max_tokens": max_tokens, "ignore_eos": True}, tier=tier)
+        if not self.session.wait([rid], timeout_s=300):
+            raise TimeoutError(f"request {rid} did not finish within 300 s")
+        result = self.session.result(rid)
+        if result.error:
+            raise RuntimeError(f"request {rid} failed: {result.error}")
+        return result.ttft_s * 1000.0
+
+    def close(self) -> None:
+        self.session.close()
 
 
 def median(values: list[float]) -> float:

@@ -167,8 +167,12 @@ def render_repository(
     dst: Path | str,
     overrides: dict[str, dict[str, str]] | None = None,
     text_env: Path | str | None = None,
+    strip_model_warmup: bool = False,
 ) -> Path:
     """Copy the model repository ``src`` to ``dst`` (replacing it) and set model parameters.
+
+    ``strip_model_warmup`` removes every ``model_warmup`` block: with the engine's warmup off too,
+    that gives the truly cold baseline the cold-start benchmark compares against.
 
     ``overrides`` maps a model name (or ``"*"`` for every model) to ``{parameter: value}``; a model's own
     entry wins over ``"*"``. With ``text_env``, ``EXECUTION_ENV_PATH`` is set on the BYTES-tensor models
@@ -187,10 +191,30 @@ def render_repository(
         params = {**overrides.get("*", {}), **overrides.get(name, {})}
         if text_env is not None and name in TEXT_MODELS:
             params["EXECUTION_ENV_PATH"] = str(text_env)
+        cfg = dst / name / "config.pbtxt"
+        text = cfg.read_text()
+        if strip_model_warmup:
+            text = remove_model_warmup(text)
         if params:
-            cfg = dst / name / "config.pbtxt"
-            cfg.write_text(set_parameters(cfg.read_text(), {k: str(v) for k, v in params.items()}))
+            text = set_parameters(text, {k: str(v) for k, v in params.items()})
+        cfg.write_text(text)
     return dst
+
+
+def remove_model_warmup(config_text: str) -> str:
+    """Drop ``model_warmup [ ... ]`` (brackets matched, so nested blocks go with it)."""
+    start = config_text.find("model_warmup")
+    while start >= 0:
+        open_at = config_text.index("[", start)
+        depth, index = 0, open_at
+        while True:
+            depth += {"[": 1, "]": -1}.get(config_text[index], 0)
+            if depth == 0:
+                break
+            index += 1
+        config_text = config_text[:start] + config_text[index + 1 :]
+        start = config_text.find("model_warmup")
+    return config_text
 
 
 # ------------------------------------------------------------------------------------------- stack
@@ -569,7 +593,13 @@ def start_stack(opts: StackOptions) -> Stack:
             overrides[ENGINE_MODEL] = {"warmup": "true" if opts.warmup else "false"}
         for model, params in opts.overrides.items():
             overrides.setdefault(model, {}).update({k: str(v) for k, v in params.items()})
-        rendered = render_repository(src_repo, run_dir / "model_repository", overrides, opts.text_env)
+        rendered = render_repository(
+            src_repo,
+            run_dir / "model_repository",
+            overrides,
+            opts.text_env,
+            strip_model_warmup=opts.warmup is False,
+        )
         log(f"rendered {len(models)} models {models} into {rendered}")
 
         env = dict(os.environ)

@@ -1,8 +1,10 @@
 """Warmup stage run in `initialize()` before the model reports READY.
 
 It runs every kernel shape live traffic can reach: one prefill per prompt bucket and one decode
-step per KV-length bucket (decode always covers every slot, so batch size adds no shape), plus
-the sampling path. Each stage is timed; the report is logged as JSON.
+step per KV-length bucket (decode always covers every slot, so batch size adds no shape), the
+sampling path, and finally whole requests through the engine's own admission, streaming and
+finishing code (with metrics detached, so warmup never shows up as traffic). Each stage is
+timed; the report is logged as JSON.
 """
 
 from __future__ import annotations
@@ -15,7 +17,27 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from engine.engine import Engine
+from engine.observer import EngineObserver, EngineStats
+from engine.requests import EngineRequest
 from engine.sampling import Sampler
+from scheduler.messages import EngineRequestParams
+
+
+_WARMUP_REQUESTS = (
+    EngineRequestParams(max_tokens=3, stream=True, ignore_eos=True, tier="warmup"),
+    EngineRequestParams(
+        max_tokens=3, temperature=0.8, top_p=0.9, top_k=20, seed=1, stop=("zz",), tier="warmup"
+    ),
+)
+
+
+class _DiscardSink:
+    def send(self, token_ids: list[int], read_offset: int, final: bool, trim_bytes: int) -> None: ...
+
+    def fail(self, code: str, message: str) -> None: ...
+
+    def cancelled(self) -> bool:
+        return False
 
 
 @dataclass
@@ -85,11 +107,25 @@ def run_warmup(engine: Engine, enabled: bool) -> WarmupReport:
             sampler.pick(logits[0])
         return len(samplers)
 
-    for name, work in (
+    def requests() -> int:
+        observer, engine.observer = engine.observer, EngineObserver()
+        try:
+            for index, params in enumerate(_WARMUP_REQUESTS):
+                engine.submit(EngineRequest(f"warmup-{index}", [1, 2, 3], params, 2, 0, _DiscardSink()))
+                while engine.step():
+                    pass
+        finally:
+            engine.observer = observer
+            engine.stats = EngineStats(shapes_seen=engine.stats.shapes_seen)
+        return len(_WARMUP_REQUESTS)
+
+    stages = (
         ("prefill_buckets", prefill_all),
         ("decode_kv_buckets", decode_all),
         ("sampling", sampling),
-    ):
+        ("requests", requests),
+    )
+    for name, work in stages:
         seconds, items = clock.measure(work)
         report.stages.append(StageTiming(name, seconds, items))
     runner.cache.zero_()

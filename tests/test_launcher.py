@@ -161,3 +161,15 @@ weird{label="a b}c"} +Inf 1700000000
     assert m['nv_inference_count{model="llm",version="1"}'] == 12.0
     assert m["nv_gpu_utilization"] == 0.5
     assert m['weird{label="a b}c"}'] == float("inf")
+
+
+def test_warmup_off_strips_model_warmup_blocks(tmp_path):
+    from deploy.launch import REPO_ROOT, remove_model_warmup, render_repository
+
+    warmup = 'model_warmup [ { name: "a" inputs { key: "x" value: { dims: [ 1 ] } } } ]'
+    text = f'name: "m"\n{warmup}\nparameters {{ }}\n'
+    assert remove_model_warmup(text) == 'name: "m"\n\nparameters { }\n'
+    out = render_repository(REPO_ROOT / "model_repository", tmp_path / "repo", strip_model_warmup=True)
+    assert all("model_warmup" not in p.read_text() for p in out.glob("*/config.pbtxt"))
+    kept = render_repository(REPO_ROOT / "model_repository", tmp_path / "repo2")
+    assert "model_warmup" in (kept / "llm_engine" / "config.pbtxt").read_text()
