@@ -18,7 +18,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import REPO_ROOT, PromptFactory, TtftProbe, median, print_table, progress, write_results
+from bench.common import (
+    REPO_ROOT,
+    EngineTtft,
+    PromptFactory,
+    TtftProbe,
+    median,
+    print_table,
+    progress,
+    write_results,
+)
 from deploy.launch import StackOptions, start_stack
 
 TARGET_RATIO = 1.2
@@ -29,6 +38,8 @@ class LengthResult:
     tokens: int
     first_ms: float
     steady_ms: list[float]
+    engine_first_ms: float
+    engine_steady_ms: float
 
     @property
     def steady_median_ms(self) -> float:
@@ -94,11 +105,13 @@ def run_config(args: argparse.Namespace, model_dir: Path, warmup: bool, lengths:
     progress(f"warmup {label}: READY after {result.ready_s:.1f} s")
     prompts = PromptFactory(model_dir)
     probe = TtftProbe(stack.grpc_url)
+    engine = EngineTtft(stack.metrics_url)
     try:
         for tokens in lengths:
             first = probe.ttft_ms(prompts.make(tokens))
+            engine_first = engine.mean_ms_since_last()
             steady = [probe.ttft_ms(prompts.make(tokens)) for _ in range(args.steady)]
-            item = LengthResult(tokens, first, steady)
+            item = LengthResult(tokens, first, steady, engine_first, engine.mean_ms_since_last())
             result.lengths.append(item)
             progress(
                 f"warmup {label}: {tokens:>5} tokens first {first:8.2f} ms  "
@@ -151,7 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"building the {args.preset} model into {model_dir}")
         build(args.preset, model_dir)
     results = [run_config(args, model_dir, warmup, lengths) for warmup in (False, True)]
-    headers = ["warmup", "tokens", "first TTFT ms", "steady median ms", "first/steady", "target"]
+    headers = [
+        "warmup",
+        "tokens",
+        "first TTFT ms",
+        "steady median ms",
+        "first/steady",
+        "target",
+        "engine first ms",
+        "engine steady ms",
+    ]
     rows = []
     for config in results:
         for item in config.lengths:
@@ -164,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                     item.steady_median_ms,
                     item.ratio,
                     target,
+                    item.engine_first_ms,
+                    item.engine_steady_ms,
                 ]
             )
     table = print_table(headers, rows)

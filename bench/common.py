@@ -14,6 +14,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from client.generate import StreamingSession
+from client.metrics import metric_total, scrape_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "bench" / "results"
@@ -63,6 +64,31 @@ class TtftProbe:
 
     def close(self) -> None:
         self.session.close()
+
+
+class EngineTtft:
+    """Engine-side TTFT (queue + prefill) of the requests between two reads of the engine counters.
+
+    Beside the client's TTFT it tells whether a slow request was slow inside the engine or around
+    it (text steps, ensemble, gRPC).
+    """
+
+    def __init__(self, metrics_url: str):
+        self.metrics_url = metrics_url
+        self.last = self._read()
+
+    def _read(self) -> tuple[float, float]:
+        metrics = scrape_metrics(self.metrics_url)
+        return (
+            metric_total(metrics, "llm_engine_ttft_seconds_sum"),
+            metric_total(metrics, "llm_engine_ttft_seconds_count"),
+        )
+
+    def mean_ms_since_last(self) -> float:
+        now = self._read()
+        total, count = now[0] - self.last[0], now[1] - self.last[1]
+        self.last = now
+        return total / count * 1000.0 if count else float("nan")
 
 
 def median(values: list[float]) -> float:

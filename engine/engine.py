@@ -209,9 +209,10 @@ class Engine:
         logits = self.runner.prefill(slot, request.prompt_ids, padded)
         token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]
         self.stats.prefill_steps += 1
+        ttft_s = (time.time_ns() - request.received_ns) / 1e9
+        self._accept_token(state, token)  # the first token leaves before any metrics round trip
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
-        self.observer.on_first_token(params.tier, (time.time_ns() - request.received_ns) / 1e9)
-        self._accept_token(state, token)
+        self.observer.on_first_token(params.tier, ttft_s)
 
     def _decode(self) -> bool:
         states = list(self._active.values())
@@ -227,10 +228,11 @@ class Engine:
         self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(states))
         if len(states) > 1:
             self.stats.multi_request_decode_steps += 1
-        self.observer.on_step("decode", len(states), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
         for state in states:
             state.position += 1
             self._accept_token(state, tokens[state.slot])
+        self.observer.on_step("decode", len(states), seconds)
         return True
 
     def _accept_token(self, state: _Active, token: int) -> None:

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from engine.config import EngineConfig
 from engine.detokenize import TokenDecoder
 from engine.engine import Engine
+from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
 from engine.observer import EngineObserver
 from engine.warmup import WarmupReport, run_warmup
@@ -76,6 +77,7 @@ def load_engine(
         f"KV {runner.kv_bytes / 2**20:.1f} MiB"
     )
     report = run_warmup(engine, config.warmup)
+    settle_garbage_collector()
     engine.ready = True
     engine.start()
     return LoadedEngine(engine, report, load_seconds, runner.kv_bytes)

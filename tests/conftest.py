@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,32 +22,9 @@ if str(REPO_ROOT) not in sys.path:
 
 MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
 
+from client.metrics import parse_metrics, scrape_metrics  # noqa: E402  (re-exported for tests)
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text format -> {'name{label="v",...}': value} (labels kept as written)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if "{" in line:
-            end = line.rindex("}")
-            key, rest = line[: end + 1], line[end + 1 :].split()
-        else:
-            key, *rest = line.split()
-        if not rest:
-            continue
-        try:
-            out[key] = float(rest[0])
-        except ValueError:
-            continue
-    return out
-
-
-def scrape_metrics(metrics_url: str, timeout: float = 10.0) -> dict[str, float]:
-    """GET Triton's /metrics and parse it (see parse_metrics)."""
-    with urllib.request.urlopen(metrics_url, timeout=timeout) as resp:
-        return parse_metrics(resp.read().decode("utf-8", "replace"))
+__all__ = ["parse_metrics", "scrape_metrics"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,18 +11,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.generate import GenerationError, StreamingSession, generate
-from tests.conftest import scrape_metrics
+from client.metrics import metric_total, scrape_metrics
 
 GREEDY = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
 
 
 def engine_metric(metrics_url: str, name: str, **labels: str) -> float:
-    """Sum of a metric's samples whose labels include `labels`."""
-    total = 0.0
-    for key, value in scrape_metrics(metrics_url).items():
-        if key.split("{")[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items()):
-            total += value
-    return total
+    return metric_total(scrape_metrics(metrics_url), name, **labels)
 
 
 def wait_for(predicate, timeout_s=30.0, interval_s=0.05):

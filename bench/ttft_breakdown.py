@@ -1,0 +1,91 @@
+"""Where does each request's TTFT go? Client TTFT beside engine TTFT and per-step server time.
+
+Starts one warm server, sends `--requests` sequential requests cycling over `--lengths`, and
+prints, per request: client TTFT, the engine's TTFT (queue + prefill, from its counters) and the
+time Triton accounts to each step (from the statistics API). Used to find first-request outliers
+that are not in the engine.
+
+    python -m bench.ttft_breakdown --lengths 12,48,200 --requests 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+from bench.common import REPO_ROOT, EngineTtft, PromptFactory, TtftProbe, print_table, progress
+from deploy.launch import StackOptions, start_stack
+
+STEPS = ("slo_scheduler", "llm_engine", "detokenizer")
+
+
+def step_times_ms(http_port: int) -> dict[str, float]:
+    """Cumulative queue + compute time per step, from Triton's statistics extension."""
+    out = {}
+    for model in STEPS:
+        with urllib.request.urlopen(f"http://localhost:{http_port}/v2/models/{model}/stats", timeout=10) as r:
+            stats = json.load(r)["model_stats"][0]["inference_stats"]
+        out[model] = (
+            sum(stats[k]["ns"] for k in ("queue", "compute_input", "compute_infer", "compute_output")) / 1e6
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lengths", default="12,48,200")
+    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--model-dir", type=Path, default=REPO_ROOT / "models" / "tiny-llama")
+    parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--text-env", type=Path, default=None)
+    parser.add_argument("--no-redis", action="store_true")
+    args = parser.parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    options = StackOptions(
+        run_dir=REPO_ROOT / ".run" / "bench-ttft-breakdown",
+        model_dir=args.model_dir,
+        warmup=True,
+        text_env=args.text_env,
+        start_redis=not args.no_redis,
+        redis_url="redis://127.0.0.1:1/0" if args.no_redis else None,
+        extra_env={
+            "LLM_DEVICE": args.device,
+            "LLM_DTYPE": args.dtype,
+            "LLM_MAX_SEQ_LEN": str(args.max_seq_len),
+        },
+    )
+    stack = start_stack(options)
+    prompts = PromptFactory(args.model_dir)
+    probe = TtftProbe(stack.grpc_url)
+    engine = EngineTtft(stack.metrics_url)
+    rows = []
+    try:
+        before = step_times_ms(stack.http_port)
+        for index in range(args.requests):
+            tokens = lengths[index % len(lengths)]
+            client_ms = probe.ttft_ms(prompts.make(tokens), max_tokens=1)
+            engine_ms = engine.mean_ms_since_last()
+            after = step_times_ms(stack.http_port)
+            steps = [after[m] - before[m] for m in STEPS]
+            before = after
+            rows.append([index, tokens, client_ms, engine_ms, *steps, client_ms - engine_ms])
+        progress("done")
+    finally:
+        probe.close()
+        stack.stop()
+    print_table(
+        ["#", "tokens", "client TTFT ms", "engine TTFT ms", *[f"{m} ms" for m in STEPS], "outside engine ms"],
+        rows,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
