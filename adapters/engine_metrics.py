@@ -9,6 +9,7 @@ from engine.warmup import WarmupReport
 from scheduler.tiers import TierTable
 
 KNOWN_TIERS = TierTable.defaults().names
+TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
 
 
 class TritonEngineObserver(EngineObserver):
@@ -48,10 +49,23 @@ class TritonEngineObserver(EngineObserver):
         self.warmup_stage = family("llm_engine_warmup_stage_seconds", "Warmup stage duration", family.GAUGE)
         self.warmup_total = family("llm_engine_warmup_seconds", "Whole warmup duration", family.GAUGE)
         self.kv_bytes = family("llm_engine_kv_cache_bytes", "KV memory reserved at start", family.GAUGE)
+        self.kv_used = family("llm_engine_kv_used_bytes", "KV memory holding live tokens", family.GAUGE)
+        self.warmup_failures = family(
+            "llm_engine_warmup_failure_total",
+            "Warmup steps that failed (lazy warm-up took over)",
+            family.COUNTER,
+        )
+        self.warmup_shapes = family(
+            "llm_engine_warmup_shapes", "Kernel shapes by warmup outcome", family.GAUGE
+        )
+        self.ttft_hist = family(
+            "llm_engine_ttft_seconds", "Engine-side time to first token per tier", family.HISTOGRAM
+        )
         # Families are attributes on purpose: the backend rejects a Metric whose family was collected.
         self._metrics: dict[tuple, object] = {}
         self._batch_max = 0
-        self._load = (-1, -1)
+        self._load = (-1, -1, -1)
+        self.kv_bytes_per_token = 0
         self._create_known_series()
 
     def _create_known_series(self) -> None:
@@ -62,10 +76,11 @@ class TritonEngineObserver(EngineObserver):
         for tier in KNOWN_TIERS:
             self._metric(self.ttft_sum, tier=tier)
             self._metric(self.ttft_count, tier=tier)
+            self._histogram(tier)
             self._metric(self.tokens, tier=tier)
             for status in ("stop", "length", "cancelled", "error"):
                 self._metric(self.finished, tier=tier, status=status)
-        for family in (self.multi, self.max_batch, self.queue, self.active):
+        for family in (self.multi, self.max_batch, self.queue, self.active, self.kv_used):
             self._metric(family)
 
     def _labels(self, **extra: str) -> dict[str, str]:
@@ -89,6 +104,7 @@ class TritonEngineObserver(EngineObserver):
                 self._metric(self.max_batch).set(batch)
 
     def on_first_token(self, tier: str, ttft_s: float) -> None:
+        self._histogram(tier).observe(ttft_s)
         self._metric(self.ttft_sum, tier=tier).increment(ttft_s)
         self._metric(self.ttft_count, tier=tier).increment(1)
 
@@ -100,13 +116,28 @@ class TritonEngineObserver(EngineObserver):
     def on_new_shape(self, kind: str, size: int) -> None:
         self._metric(self.new_shapes, kind=kind).increment(1)
 
-    def on_load(self, queued: int, active: int) -> None:
-        if (queued, active) != self._load:
-            self._load = (queued, active)
+    def on_load(self, queued: int, active: int, kv_tokens: int) -> None:
+        if (queued, active, kv_tokens) != self._load:
+            self._load = (queued, active, kv_tokens)
             self._metric(self.queue).set(queued)
             self._metric(self.active).set(active)
+            self._metric(self.kv_used).set(kv_tokens * self.kv_bytes_per_token)
 
-    def record_warmup(self, report: WarmupReport, kv_bytes: int) -> None:
+    def _histogram(self, tier: str):
+        key = (id(self.ttft_hist), (("tier", tier),))
+        if key not in self._metrics:
+            self._metrics[key] = self.ttft_hist.Metric(labels=self._labels(tier=tier), buckets=TTFT_BUCKETS)
+        return self._metrics[key]
+
+    def record_warmup(self, report: WarmupReport, kv_bytes: int, kv_bytes_per_token: int) -> None:
+        self.kv_bytes_per_token = kv_bytes_per_token
+        for failure in report.failures:
+            self._metric(self.warmup_failures, stage=failure["stage"].split(":")[0]).increment(1)
+        for stage in ("plan", "prefill", "decode", "sampling", "requests"):
+            self._metric(self.warmup_failures, stage=stage)
+        warmed = sum(stage.items for stage in report.stages if stage.name.endswith("buckets"))
+        self._metric(self.warmup_shapes, outcome="warmed").set(warmed)
+        self._metric(self.warmup_shapes, outcome="deferred").set(len(report.deferred))
         for stage in report.stages:
             self._metric(self.warmup_stage, stage=stage.name).set(stage.seconds)
         self._metric(self.warmup_total).set(report.total_seconds)

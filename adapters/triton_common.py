@@ -10,6 +10,7 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from engine.config import expand_env
+from engine.gc_settle import settle_garbage_collector
 from scheduler.errors import RequestError
 
 
@@ -67,4 +68,5 @@ def warm_handler(handler, model_name: str, inputs: dict, rounds: int = 3) -> flo
         response = handler(request, local=True)
         if response.has_error():
             raise RuntimeError(f"self-warmup of {model_name} failed: {response.error().message()}")
+    settle_garbage_collector()
     return time.perf_counter() - started

@@ -47,6 +47,14 @@ class EngineConfig:
     max_seq_len: int = 2048
     warmup: bool = True
     prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    min_batch_size: int = 2
+    warmup_budget_s: float = 0.0
+    redis_url: str = ""
+    traffic_flush_s: float = 5.0
+    plan_min_samples: int = 50
+    plan_kv_from_traffic: bool = True
+    peak_half_life_s: float = 6 * 3600.0
+    kv_headroom: float = 1.5
     drain_timeout_s: float = 10.0
     cancel_dir: str = "/tmp/llm-cancel"
     seed: int = 0

@@ -20,6 +20,7 @@ from engine.observer import EngineObserver, EngineStats
 from engine.requests import EngineRequest
 from engine.sampling import Sampler, pick_tokens
 from engine.stop_strings import StopMatcher
+from engine.traffic_recorder import TrafficRecorder
 from scheduler.errors import RequestError
 from scheduler.priority import AdmissionQueue
 
@@ -70,6 +71,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._last_tokens = torch.zeros(runner.slots, dtype=torch.long, device=runner.device)
         self._positions = torch.zeros(runner.slots, dtype=torch.long, device=runner.device)
+        self.deferred_shapes: list[tuple[str, int]] = []
+        self.recorder: TrafficRecorder | None = None
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -89,6 +92,8 @@ class Engine:
                 f"prompt has {length} tokens; this engine accepts at most {self.max_prompt_tokens}"
             )
         request.received_ns = request.received_ns or time.time_ns()
+        if self.recorder is not None and request.params.tier != "warmup":  # user traffic only
+            self.recorder.observe_prompt(length)
         with self._lock:
             if not self._accepting:
                 raise RequestError.unavailable("the engine is shutting down; retry on another replica")
@@ -112,6 +117,8 @@ class Engine:
             self._lock.notify()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.recorder is not None:
+            self.recorder.stop()
         message = "the model was unloaded before this request finished; retry"
         for request in self._drain_queue():
             request.sink.fail("UNAVAILABLE", message)
@@ -125,7 +132,9 @@ class Engine:
         admitted = self._admit()
         decoded = self._decode() if self._active else False
         queued, active = self.load()
-        self.observer.on_load(queued, active)
+        self.observer.on_load(queued, active, sum(s.position for s in self._active.values()))
+        if self.recorder is not None:
+            self.recorder.observe_active(active)
         return admitted or decoded
 
     def note_shape(self, kind: str, size: int) -> None:
@@ -144,16 +153,28 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and not self._queue and not self._active:
+                while (
+                    not self._stopping and not self._queue and not self._active and not self.deferred_shapes
+                ):
                     self._lock.wait()
                 if self._stopping:
                     return
+                idle = not self._queue and not self._active
             try:
-                self.step()
+                if idle:
+                    self._warm_deferred_shape()
+                else:
+                    self.step()
             except Exception as exc:  # a broken step must not kill the engine thread
                 self._fail_all_active("INTERNAL", f"engine step failed: {type(exc).__name__}: {exc}")
             with self._lock:
                 self._lock.notify_all()
+
+    def _warm_deferred_shape(self) -> None:
+        """Background warmup after READY, one shape at a time and only while no request waits."""
+        kind, bucket = self.deferred_shapes.pop(0)
+        self.runner.warm_shape(kind, bucket)
+        self.stats.shapes_seen.add((kind, bucket))
 
     def _drain_queue(self) -> list[EngineRequest]:
         with self._lock:

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+from cache.traffic_stats import StoreUnavailable, TrafficStatsStore, model_fingerprint
 from engine.config import EngineConfig
 from engine.detokenize import TokenDecoder
 from engine.engine import Engine
 from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
 from engine.observer import EngineObserver
-from engine.warmup import WarmupReport, run_warmup
+from engine.traffic_recorder import TrafficRecorder
+from engine.warmup import StageTiming, WarmupReport, run_warmup
+from scheduler.warmup_planner import BucketPlan, plan_buckets, predict_reserve
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -42,11 +47,49 @@ def eos_token_ids(model_dir: Path, model_config) -> set[int]:
     return ids
 
 
+@dataclass
+class TrafficPlan:
+    """What warmup and KV sizing take from recorded traffic (or the defaults when there is none)."""
+
+    buckets: BucketPlan
+    histogram: dict[int, int]
+    slots: int
+    store: TrafficStatsStore | None
+    failures: list[dict] = field(default_factory=list)
+
+
+def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model_name: str) -> TrafficPlan:
+    """Read the model's traffic history from Redis; any failure falls back to the configured defaults."""
+    histogram: dict[int, int] = {}
+    peaks: list[tuple[float, float]] = []
+    failures: list[dict] = []
+    store = None
+    if config.redis_url:
+        store = TrafficStatsStore(config.redis_url, model_name, model_fingerprint(model_dir, max_len))
+        try:
+            histogram = store.load_lengths()
+            peaks = store.load_peaks()
+        except StoreUnavailable as exc:
+            failures.append({"stage": "plan", "error": str(exc)})
+    buckets = plan_buckets(histogram, max_len, config.prompt_buckets, min_samples=config.plan_min_samples)
+    slots = config.max_batch_size
+    if config.plan_kv_from_traffic and peaks:
+        predicted = predict_reserve(peaks, time.time(), config.peak_half_life_s, config.kv_headroom)
+        slots = max(config.min_batch_size, min(config.max_batch_size, math.ceil(predicted)))
+    return TrafficPlan(buckets, histogram, slots, store, failures)
+
+
+def model_max_len(model_dir: Path, max_seq_len: int) -> int:
+    limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings") or max_seq_len
+    return min(max_seq_len, int(limit))
+
+
 def load_engine(
     config: EngineConfig,
     observer: EngineObserver | None = None,
     log: Callable[[str], None] = print,
     cancelled_elsewhere: Callable[[], set[str]] | None = None,
+    model_name: str = "llm_engine",
 ) -> LoadedEngine:
     model_dir = Path(config.model_dir)
     if not (model_dir / "config.json").exists():
@@ -59,25 +102,40 @@ def load_engine(
         )
     torch.manual_seed(config.seed)
     started = time.perf_counter()
+    max_len = model_max_len(model_dir, config.max_seq_len)
+    plan = plan_from_traffic(config, model_dir, max_len, model_name)
+    plan_seconds = time.perf_counter() - started
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[config.dtype])
     model = model.to(config.device).eval()
-    runner = ModelRunner(model, config.max_batch_size, config.max_seq_len, config.prompt_buckets)
+    buckets = plan.buckets.buckets
+    runner = ModelRunner(model, plan.slots, max_len, buckets)
     decoder = TokenDecoder.from_model_dir(model_dir)
     engine = Engine(
         runner,
         lambda token: decoder.raw_bytes([token]),
         eos_token_ids(model_dir, model.config),
-        config.prompt_buckets,
+        buckets,
         observer,
         cancelled_elsewhere,
     )
+    engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
     load_seconds = time.perf_counter() - started
     log(
         f"loaded {model_dir} on {runner.device} ({config.dtype}) in {load_seconds:.2f}s; "
-        f"KV {runner.kv_bytes / 2**20:.1f} MiB"
+        f"{runner.slots} slots, KV {runner.kv_bytes / 2**20:.1f} MiB; "
+        f"buckets {list(buckets)} ({plan.buckets.source})"
     )
-    report = run_warmup(engine, config.warmup)
+    report = run_warmup(engine, config.warmup, config.warmup_budget_s, plan.histogram)
+    report.stages.insert(0, StageTiming("plan", plan_seconds, len(plan.histogram)))
+    report.failures[:0] = plan.failures
+    report.plan = {
+        "source": plan.buckets.source,
+        "samples": plan.buckets.samples,
+        "cuts": plan.buckets.cuts,
+        "slots": plan.slots,
+    }
     settle_garbage_collector()
     engine.ready = True
+    engine.recorder.start()
     engine.start()
     return LoadedEngine(engine, report, load_seconds, runner.kv_bytes)

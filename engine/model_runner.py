@@ -106,6 +106,16 @@ class ModelRunner:
         hidden = self._layers(ids, pos, self._decode_attention(pos.view(-1), kv_len, mask))
         return self._logits(hidden[:, -1])
 
+    def warm_shape(self, kind: str, bucket: int) -> None:
+        """Run one kernel shape with dummy data: a prefill padded to `bucket` (into slot 0) or a
+        decode step over `bucket` keys. Only for warmup: it overwrites slot contents."""
+        if kind == "prefill":
+            self.prefill(0, [1] * min(bucket, self.max_len - 1), bucket)
+        else:
+            tokens = torch.ones(self.slots, dtype=torch.long, device=self.device)
+            positions = torch.full((self.slots,), bucket - 1, dtype=torch.long, device=self.device)
+            self.decode(tokens, positions, bucket)
+
     def _prefill_attention(self, slot: int, padded_len: int):
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.cache[layer, 0, slot, :, :padded_len] = k[0]

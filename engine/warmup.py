@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -54,6 +54,9 @@ class WarmupReport:
     stages: list[StageTiming] = field(default_factory=list)
     prompt_buckets: list[int] = field(default_factory=list)
     kv_buckets: list[int] = field(default_factory=list)
+    plan: dict = field(default_factory=dict)
+    deferred: list[str] = field(default_factory=list)
+    failures: list[dict] = field(default_factory=list)
     total_seconds: float = 0.0
 
     def to_json(self) -> str:
@@ -78,27 +81,52 @@ class _StageClock:
             torch.cuda.synchronize(self.device)
 
 
-def run_warmup(engine: Engine, enabled: bool) -> WarmupReport:
+def shape_order(buckets: tuple[int, ...], histogram: Mapping[int, int] | None) -> list[int]:
+    """Buckets by the share of recorded prompts they serve (largest first); ascending without history,
+    so that a spent budget leaves the rarest shapes for background warming."""
+    if not histogram:
+        return sorted(buckets)
+    mass = dict.fromkeys(buckets, 0)
+    for length, count in histogram.items():
+        bucket = next((b for b in sorted(buckets) if b >= length), None)
+        if bucket is not None:
+            mass[bucket] += count
+    return sorted(buckets, key=lambda b: (-mass[b], b))
+
+
+def run_warmup(
+    engine: Engine,
+    enabled: bool,
+    budget_s: float = 0.0,
+    histogram: Mapping[int, int] | None = None,
+) -> WarmupReport:
+    """Warm every shape within `budget_s` (0: no budget); what does not fit is left in
+    `engine.deferred_shapes` for the engine to warm in the background while idle. A failing step
+    is recorded in the report and never fails the load (the shape is then warmed lazily)."""
     runner = engine.runner
     report = WarmupReport(enabled=enabled, device=str(runner.device))
     if not enabled:
         return report
     clock = _StageClock(runner.device)
     started = time.perf_counter_ns()
-
-    def prefill_all() -> int:
-        for bucket in engine.prompt_buckets:
-            runner.prefill(0, [1] * min(bucket, runner.max_len - 1), bucket)
-            engine.note_shape("prefill", bucket)
-        return len(engine.prompt_buckets)
-
-    def decode_all() -> int:
-        tokens = torch.ones(runner.slots, dtype=torch.long, device=runner.device)
-        for bucket in runner.kv_buckets:
-            positions = torch.full((runner.slots,), bucket - 1, dtype=torch.long, device=runner.device)
-            runner.decode(tokens, positions, bucket)
-            engine.note_shape("decode", bucket)
-        return len(runner.kv_buckets)
+    deadline = time.perf_counter() + budget_s if budget_s > 0 else float("inf")
+    spent = {"prefill": 0.0, "decode": 0.0}
+    counts = {"prefill": 0, "decode": 0}
+    for bucket in shape_order(engine.prompt_buckets, histogram):
+        for kind in ("prefill", "decode"):
+            if time.perf_counter() >= deadline:
+                engine.deferred_shapes.append((kind, bucket))
+                continue
+            try:
+                seconds, _ = clock.measure(lambda: runner.warm_shape(kind, bucket) or 1)
+            except Exception as exc:  # lazy warm-up takes over for this shape
+                report.failures.append({"stage": f"{kind}:{bucket}", "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            engine.note_shape(kind, bucket)
+            spent[kind] += seconds
+            counts[kind] += 1
+    report.stages.append(StageTiming("prefill_buckets", spent["prefill"], counts["prefill"]))
+    report.stages.append(StageTiming("decode_kv_buckets", spent["decode"], counts["decode"]))
 
     def sampling() -> int:
         logits = torch.randn(runner.slots, runner.model.config.vocab_size, device=runner.device)
@@ -119,17 +147,16 @@ def run_warmup(engine: Engine, enabled: bool) -> WarmupReport:
             engine.stats = EngineStats(shapes_seen=engine.stats.shapes_seen)
         return len(_WARMUP_REQUESTS)
 
-    stages = (
-        ("prefill_buckets", prefill_all),
-        ("decode_kv_buckets", decode_all),
-        ("sampling", sampling),
-        ("requests", requests),
-    )
-    for name, work in stages:
-        seconds, items = clock.measure(work)
+    for name, work in (("sampling", sampling), ("requests", requests)):
+        try:
+            seconds, items = clock.measure(work)
+        except Exception as exc:
+            report.failures.append({"stage": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
         report.stages.append(StageTiming(name, seconds, items))
     runner.cache.zero_()
     report.prompt_buckets = list(engine.prompt_buckets)
     report.kv_buckets = list(runner.kv_buckets)
+    report.deferred = [f"{kind}:{bucket}" for kind, bucket in engine.deferred_shapes]
     report.total_seconds = (time.perf_counter_ns() - started) / 1e9
     return report

@@ -79,9 +79,13 @@ class TritonPythonModel:
             observer,
             log=pb_utils.Logger.log_info,
             cancelled_elsewhere=lambda: mailbox.collect(self.namespace),
+            model_name=args["model_name"],
         )
         self.engine = loaded.engine
-        observer.record_warmup(loaded.report, loaded.kv_bytes)
+        runner = self.engine.runner
+        observer.record_warmup(
+            loaded.report, loaded.kv_bytes, loaded.kv_bytes // (runner.slots * runner.max_len)
+        )
         log_event("warmup_report", load_seconds=round(loaded.load_seconds, 3), report=asdict(loaded.report))
 
     def execute(self, requests):

@@ -1,0 +1,74 @@
+"""Collects prompt lengths and concurrency peaks on the request path; a background thread ships
+them to the TrafficStatsStore, so Redis latency or outages never touch a request."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from cache.traffic_stats import StoreUnavailable, TrafficStatsStore
+
+
+class TrafficRecorder:
+    def __init__(
+        self,
+        store: TrafficStatsStore | None,
+        flush_interval_s: float = 5.0,
+        on_error: Callable[[str], None] = lambda message: None,
+    ):
+        self.store = store
+        self.flush_interval_s = flush_interval_s
+        self.on_error = on_error
+        self._lengths: Counter[int] = Counter()
+        self._peak = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.flush_failures = 0
+
+    def observe_prompt(self, length: int) -> None:
+        with self._lock:
+            self._lengths[length] += 1
+
+    def observe_active(self, active: int) -> None:
+        if active > self._peak:
+            with self._lock:
+                self._peak = max(self._peak, active)
+
+    def start(self) -> None:
+        if self.store is None:
+            return
+        self._thread = threading.Thread(target=self._run, name="traffic-recorder", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.flush()
+
+    def flush(self) -> bool:
+        """Ship what was collected; on failure keep it for the next try (bounded by distinct lengths)."""
+        if self.store is None:
+            return False
+        with self._lock:
+            lengths, peak = self._lengths, self._peak
+            self._lengths, self._peak = Counter(), 0
+        try:
+            self.store.add_lengths(lengths)
+            if peak:
+                self.store.add_peak(time.time(), peak)
+            return True
+        except StoreUnavailable as exc:
+            self.flush_failures += 1
+            with self._lock:
+                self._lengths.update(lengths)
+                self._peak = max(self._peak, peak)
+            self.on_error(str(exc))
+            return False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            self.flush()

@@ -1,0 +1,86 @@
+"""Warmup plans from recorded traffic: prompt-length buckets and KV reserve.
+
+Buckets are cut at percentiles of the prompt lengths a model has served, so warmup spends its
+budget on the shapes traffic actually reaches; the sequence limit is always a bucket, so no length
+meets a shape that was never warmed. Without history the configured defaults are used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 100.0)
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    buckets: tuple[int, ...]
+    source: str  # "traffic" or "default"
+    samples: int = 0
+    cuts: dict[str, int] = field(default_factory=dict)  # "p50" -> prompt length at that percentile
+
+
+def percentile_length(histogram: Mapping[int, int], percentile: float) -> int:
+    """Smallest length L such that at least `percentile`% of requests were <= L (nearest rank)."""
+    total = sum(histogram.values())
+    if total <= 0:
+        raise ValueError("percentile of an empty histogram")
+    rank = max(1, math.ceil(percentile / 100.0 * total))
+    seen = 0
+    for length in sorted(histogram):
+        seen += histogram[length]
+        if seen >= rank:
+            return length
+    return max(histogram)
+
+
+def _align(length: int, align: int) -> int:
+    return max(align, -(-length // align) * align)
+
+
+def plan_buckets(
+    histogram: Mapping[int, int] | None,
+    max_len: int,
+    defaults: Sequence[int],
+    *,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    min_samples: int = 50,
+    align: int = 16,
+    max_ratio: float = 2.0,
+) -> BucketPlan:
+    """Buckets at the traffic's percentiles (aligned up), filled so that neighbours differ by at
+    most `max_ratio` (bounding padding waste), plus `max_len`.
+
+    Fewer than `min_samples` recorded prompts is not a distribution yet: the defaults are used.
+    """
+    clean = {int(k): int(v) for k, v in (histogram or {}).items() if 0 < int(k) <= max_len and int(v) > 0}
+    samples = sum(clean.values())
+    if samples < min_samples:
+        buckets = sorted({b for b in defaults if 0 < b < max_len} | {max_len})
+        return BucketPlan(tuple(buckets), "default", samples)
+    cuts = {f"p{p:g}": percentile_length(clean, p) for p in percentiles}
+    anchors = sorted({min(_align(length, align), max_len) for length in cuts.values()} | {max_len})
+    buckets = [anchors[0]]
+    for anchor in anchors[1:]:
+        while anchor > buckets[-1] * max_ratio:
+            buckets.append(min(_align(int(buckets[-1] * max_ratio), align), anchor))
+        if anchor > buckets[-1]:
+            buckets.append(anchor)
+    return BucketPlan(tuple(buckets), "traffic", samples, cuts)
+
+
+def predict_reserve(
+    peaks: Sequence[tuple[float, float]], now: float, half_life_s: float, headroom: float
+) -> float:
+    """Expected peak from recorded (timestamp, peak) pairs, recent peaks weighted more.
+
+    A weighted maximum: each peak counts with weight 2^(-age / half_life), and the prediction is
+    the largest weighted peak times `headroom`, so yesterday's spike still matters but less than
+    this morning's.
+    """
+    if not peaks:
+        return 0.0
+    weighted = [value * 0.5 ** (max(0.0, now - stamp) / half_life_s) for stamp, value in peaks]
+    return max(weighted) * headroom

@@ -1,0 +1,99 @@
+"""The warmup stage on a real server: plans from recorded traffic, READY after warmup, failures."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.common import PromptFactory
+from cache.traffic_stats import TrafficStatsStore, model_fingerprint
+from client.generate import generate
+from client.metrics import metric_total, scrape_metrics
+from deploy.launch import StackOptions, find_free_port, start_stack
+from tests.conftest import MODEL_DIR
+
+RECORDED = {20: 300, 45: 200, 90: 120, 180: 60, 400: 20}  # prompt length -> count
+
+
+def warmup_report(log_path: Path) -> dict:
+    """The engine's JSON warmup report from the server log (the log line quotes the JSON)."""
+    for line in log_path.read_text().splitlines():
+        if "warmup_report" in line:
+            quoted = line[line.index('"') : line.rindex('"') + 1]
+            return json.loads(json.loads(quoted))["report"]
+    raise AssertionError(f"no warmup_report in {log_path}")
+
+
+@pytest.fixture(scope="module")
+def planned_stack(redis_server, tmp_path_factory):
+    store = TrafficStatsStore(redis_server, "llm_engine", model_fingerprint(MODEL_DIR, 2048))
+    store.client.delete(store.lengths_key)
+    store.add_lengths(RECORDED)
+    options = StackOptions(
+        run_dir=tmp_path_factory.mktemp("planned"),
+        model_dir=MODEL_DIR,
+        warmup=True,
+        start_redis=False,
+        redis_url=redis_server,
+    )
+    with start_stack(options) as stack:
+        yield stack
+
+
+def test_warmup_buckets_come_from_the_recorded_histogram(planned_stack):
+    report = warmup_report(planned_stack.triton_log)
+    assert report["plan"]["source"] == "traffic"
+    assert report["plan"]["samples"] == sum(RECORDED.values())
+    assert report["plan"]["cuts"]["p50"] == 45 and report["plan"]["cuts"]["p100"] == 400
+    assert 48 in report["prompt_buckets"] and 400 in report["prompt_buckets"]
+    assert report["failures"] == [] and report["deferred"] == []
+
+
+def test_recorded_lengths_meet_no_cold_shape(planned_stack):
+    prompts = PromptFactory(MODEL_DIR)
+    for length in RECORDED:
+        result = generate(planned_stack.grpc_url, prompts.make(length), sampling={"max_tokens": 8})
+        assert result.text
+    metrics = scrape_metrics(planned_stack.metrics_url)
+    assert metric_total(metrics, "llm_engine_new_shapes_after_ready_total") == 0
+    assert metric_total(metrics, "llm_engine_requests_finished_total", tier="standard") == len(RECORDED)
+
+
+def test_ready_is_reported_only_after_warmup(planned_stack):
+    lines = planned_stack.triton_log.read_text().splitlines()
+    report_at = next(i for i, line in enumerate(lines) if "warmup_report" in line)
+    loaded_at = next(i for i, line in enumerate(lines) if "successfully loaded 'llm_engine'" in line)
+    assert report_at < loaded_at
+
+
+def test_served_prompt_lengths_are_recorded_for_the_next_start(planned_stack, redis_server):
+    store = TrafficStatsStore(redis_server, "llm_engine", model_fingerprint(MODEL_DIR, 2048))
+    prompts = PromptFactory(MODEL_DIR)
+    warm_prompt, user_prompt = "word " * 31, "word " * 57
+    warm_len, user_len = prompts.count(warm_prompt), prompts.count(user_prompt)
+    before = store.load_lengths()
+    generate(planned_stack.grpc_url, warm_prompt, sampling={"max_tokens": 2}, tier="warmup")
+    generate(planned_stack.grpc_url, user_prompt, sampling={"max_tokens": 2})
+    deadline = time.monotonic() + 20  # the recorder flushes every traffic_flush_s (5 s)
+    while store.load_lengths().get(user_len, 0) == before.get(user_len, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = store.load_lengths()
+    assert after.get(user_len, 0) == before.get(user_len, 0) + 1, "user traffic is recorded"
+    assert after.get(warm_len, 0) == before.get(warm_len, 0), "warmup-tier traffic is not"
+
+
+def test_warmup_failure_never_fails_the_load(tmp_path):
+    dead_redis = f"redis://localhost:{find_free_port()}/0"
+    options = StackOptions(
+        run_dir=tmp_path, model_dir=MODEL_DIR, warmup=True, start_redis=False, redis_url=dead_redis
+    )
+    with start_stack(options) as stack:
+        report = warmup_report(stack.triton_log)
+        assert [f["stage"] for f in report["failures"]] == ["plan"]
+        assert report["plan"]["source"] == "default"
+        metrics = scrape_metrics(stack.metrics_url)
+        assert metric_total(metrics, "llm_engine_warmup_failure_total", stage="plan") == 1
+        assert generate(stack.grpc_url, "still serving", sampling={"max_tokens": 3}).text
