@@ -49,6 +49,7 @@ class EngineConfig:
     prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     min_batch_size: int = 2
     warmup_budget_s: float = 0.0
+    cuda_graphs: bool = True
     redis_url: str = ""
     traffic_flush_s: float = 5.0
     plan_min_samples: int = 50

@@ -109,6 +109,7 @@ def load_engine(
     model = model.to(config.device).eval()
     buckets = plan.buckets.buckets
     runner = ModelRunner(model, plan.slots, max_len, buckets)
+    runner.use_cuda_graphs = config.cuda_graphs and runner.device.type == "cuda"
     decoder = TokenDecoder.from_model_dir(model_dir)
     engine = Engine(
         runner,

@@ -62,6 +62,11 @@ class ModelRunner:
             device=self.device,
         )
         self.slot_index = torch.arange(slots, device=self.device)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graph_logits: dict[int, torch.Tensor] = {}
+        self._graph_pool = None
+        self._graph_tokens = self._graph_positions = None
+        self.use_cuda_graphs = False
 
     @property
     def slots(self) -> int:
@@ -97,8 +102,43 @@ class ModelRunner:
         """One token for every slot: `last_tokens` and `positions` are [slots]; returns logits [slots, V].
 
         Every slot is computed (idle ones at position 0) so the shape depends only on `kv_len`,
-        the bucket that covers the longest active sequence.
+        the bucket that covers the longest active sequence. With a captured CUDA graph for that
+        bucket the step is one replay instead of hundreds of kernel launches from Python; the
+        returned logits then live in the graph's static buffer until the next replay.
         """
+        graph = self._graphs.get(kv_len)
+        if graph is None:
+            return self._decode_eager(last_tokens, positions, kv_len)
+        self._graph_tokens.copy_(last_tokens)
+        self._graph_positions.copy_(positions)
+        graph.replay()
+        return self._graph_logits[kv_len]
+
+    @property
+    def graph_buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
+
+    @torch.inference_mode()
+    def capture_decode_graph(self, kv_len: int) -> None:
+        """Record the decode step for `kv_len` as a CUDA graph (all buckets share one memory pool)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+            self._graph_tokens = torch.zeros(self.slots, dtype=torch.long, device=self.device)
+            self._graph_positions = torch.zeros(self.slots, dtype=torch.long, device=self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._decode_eager(self._graph_tokens, self._graph_positions, kv_len)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            self._graph_logits[kv_len] = self._decode_eager(self._graph_tokens, self._graph_positions, kv_len)
+        self._graphs[kv_len] = graph
+
+    def _decode_eager(self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
         ids = last_tokens.view(-1, 1)
         pos = positions.view(-1, 1)
         visible = torch.arange(kv_len, device=self.device).unsqueeze(0) <= pos
@@ -108,9 +148,12 @@ class ModelRunner:
 
     def warm_shape(self, kind: str, bucket: int) -> None:
         """Run one kernel shape with dummy data: a prefill padded to `bucket` (into slot 0) or a
-        decode step over `bucket` keys. Only for warmup: it overwrites slot contents."""
+        decode step over `bucket` keys (captured as a CUDA graph when `use_cuda_graphs`). Only for
+        warmup: it overwrites slot contents."""
         if kind == "prefill":
             self.prefill(0, [1] * min(bucket, self.max_len - 1), bucket)
+        elif self.use_cuda_graphs:
+            self.capture_decode_graph(bucket)
         else:
             tokens = torch.ones(self.slots, dtype=torch.long, device=self.device)
             positions = torch.full((self.slots,), bucket - 1, dtype=torch.long, device=self.device)

@@ -56,6 +56,7 @@ class WarmupReport:
     kv_buckets: list[int] = field(default_factory=list)
     plan: dict = field(default_factory=dict)
     deferred: list[str] = field(default_factory=list)
+    cuda_graph_buckets: list[int] = field(default_factory=list)
     failures: list[dict] = field(default_factory=list)
     total_seconds: float = 0.0
 
@@ -158,5 +159,6 @@ def run_warmup(
     report.prompt_buckets = list(engine.prompt_buckets)
     report.kv_buckets = list(runner.kv_buckets)
     report.deferred = [f"{kind}:{bucket}" for kind, bucket in engine.deferred_shapes]
+    report.cuda_graph_buckets = list(runner.graph_buckets)
     report.total_seconds = (time.perf_counter_ns() - started) / 1e9
     return report

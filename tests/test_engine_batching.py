@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -250,3 +251,37 @@ def test_cancellation_noticed_elsewhere_frees_running_and_queued_requests(model)
     assert running.errors[0][0] == "CANCELLED" and queued.errors[0][0] == "CANCELLED"
     assert engine.load() == (0, 0)
     assert engine.stats.finished == {"cancelled": 2}
+
+
+def test_budget_defers_shapes_that_the_idle_engine_warms_in_the_background(model):
+    engine = make_engine(model)
+    report = run_warmup(engine, enabled=True, budget_s=1e-9)
+    assert len(report.deferred) == 2 * len(engine.prompt_buckets) and report.failures == []
+    engine.ready = True
+    engine.start()
+    deadline = time.monotonic() + 30
+    while engine.deferred_shapes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.deferred_shapes
+    generate_threaded = RecordingSink()
+    engine.submit(request([1] * 40, generate_threaded, max_tokens=3))
+    engine.shutdown(drain_timeout_s=30)
+    assert len(generate_threaded.tokens) == 3
+    assert engine.stats.new_shapes_after_ready == 0
+
+
+def test_a_failing_warmup_step_is_reported_and_left_to_lazy_warmup(model):
+    engine = make_engine(model)
+    original = engine.runner.warm_shape
+
+    def broken(kind, bucket):
+        if kind == "prefill" and bucket == 32:
+            raise RuntimeError("simulated kernel failure")
+        original(kind, bucket)
+
+    engine.runner.warm_shape = broken
+    report = run_warmup(engine, enabled=True)
+    assert report.failures == [{"stage": "prefill:32", "error": "RuntimeError: simulated kernel failure"}]
+    engine.ready = True
+    assert len(generate(engine, [1] * 20, max_tokens=2)) == 2
+    assert engine.stats.new_shapes_after_ready == 1
