@@ -11,10 +11,10 @@ PRESET    ?= tiny
 LAUNCH_ARGS ?=
 ENV       := . .tools/env.sh &&
 
-.PHONY: help setup model run stop test lint bench-coldstart clean distclean
+.PHONY: help setup model run stop test lint bench-coldstart bench-warmup clean distclean
 
 help:
-	@echo "make run | test | setup | model | stop | lint | bench-coldstart | clean | distclean"
+	@echo "make run | test | setup | model | stop | lint | bench-coldstart | bench-warmup | clean | distclean"
 
 setup:
 	bash scripts/setup.sh
@@ -41,6 +41,9 @@ lint: setup
 
 bench-coldstart: setup model
 	$(ENV) $(PY) -m bench.coldstart
+
+bench-warmup: setup model
+	$(ENV) $(PY) -m bench.warmup
 
 clean: stop
 	rm -rf .run models .pytest_cache .ruff_cache

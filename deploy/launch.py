@@ -498,9 +498,14 @@ def stop_run_dir(run_dir: Path | str, timeout_s: float = 30.0) -> bool:
 
 
 def _start_redis(opts: StackOptions, run_dir: Path, port: int) -> tuple[subprocess.Popen, Path]:
-    exe = shutil.which(opts.redis_server)
+    return start_redis_server(opts.redis_server, run_dir, port)
+
+
+def start_redis_server(binary: str, run_dir: Path, port: int) -> tuple[subprocess.Popen, Path]:
+    """A redis-server of our own (no persistence) on `port`, returned once it answers as that process."""
+    exe = shutil.which(binary)
     if exe is None:
-        raise StackError(f"{opts.redis_server} not found; run `make setup` (apt-get install redis-server)")
+        raise StackError(f"{binary} not found; run `make setup` (apt-get install redis-server)")
     redis_log = run_dir / "redis.log"
     cmd = [
         exe,

@@ -50,8 +50,8 @@ def plan_buckets(
     align: int = 16,
     max_ratio: float = 2.0,
 ) -> BucketPlan:
-    """Buckets at the traffic's percentiles (aligned up), filled so that neighbours differ by at
-    most `max_ratio` (bounding padding waste), plus `max_len`.
+    """Buckets at the traffic's percentiles (aligned up), filled from `align` upwards so that
+    neighbours differ by at most about `max_ratio` (bounding padding waste), plus `max_len`.
 
     Fewer than `min_samples` recorded prompts is not a distribution yet: the defaults are used.
     """
@@ -61,14 +61,18 @@ def plan_buckets(
         buckets = sorted({b for b in defaults if 0 < b < max_len} | {max_len})
         return BucketPlan(tuple(buckets), "default", samples)
     cuts = {f"p{p:g}": percentile_length(clean, p) for p in percentiles}
-    anchors = sorted({min(_align(length, align), max_len) for length in cuts.values()} | {max_len})
+    anchors = sorted({align} | {min(_align(length, align), max_len) for length in cuts.values()} | {max_len})
     buckets = [anchors[0]]
     for anchor in anchors[1:]:
-        while anchor > buckets[-1] * max_ratio:
-            buckets.append(min(_align(int(buckets[-1] * max_ratio), align), anchor))
-        if anchor > buckets[-1]:
-            buckets.append(anchor)
-    return BucketPlan(tuple(buckets), "traffic", samples, cuts)
+        buckets.extend(_geometric_fill(buckets[-1], anchor, max_ratio, align))
+    return BucketPlan(tuple(sorted(set(buckets))), "traffic", samples, cuts)
+
+
+def _geometric_fill(low: int, high: int, max_ratio: float, align: int) -> list[int]:
+    """Buckets after `low` up to `high`, evenly spaced on a log scale, neighbours <= max_ratio apart
+    (before alignment), so short prompts below the p50 cut are not all padded up to it."""
+    steps = max(1, math.ceil(math.log(high / low) / math.log(max_ratio) - 1e-9))
+    return [_align(round(low * (high / low) ** (i / steps)), align) for i in range(1, steps)] + [high]
 
 
 def predict_reserve(

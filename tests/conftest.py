@@ -79,33 +79,12 @@ def metrics_scraper():
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """A redis-server of our own on a free port (for store tests that need no tritonserver)."""
-    import subprocess
-
-    import redis
-
-    from deploy.launch import find_free_port
+    from deploy.launch import find_free_port, start_redis_server
 
     port = find_free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://localhost:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {proc.returncode}") from None
-            import time
-
-            time.sleep(0.025)
+    proc, _ = start_redis_server("redis-server", tmp_path_factory.mktemp("redis"), port)
     try:
-        yield url
+        yield f"redis://localhost:{port}/0"
     finally:
         proc.terminate()
         proc.wait(timeout=10)

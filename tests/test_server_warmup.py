@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,18 +11,10 @@ from cache.traffic_stats import TrafficStatsStore, model_fingerprint
 from client.generate import generate
 from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, find_free_port, start_stack
+from deploy.logs import warmup_report
 from tests.conftest import MODEL_DIR
 
 RECORDED = {20: 300, 45: 200, 90: 120, 180: 60, 400: 20}  # prompt length -> count
-
-
-def warmup_report(log_path: Path) -> dict:
-    """The engine's JSON warmup report from the server log (the log line quotes the JSON)."""
-    for line in log_path.read_text().splitlines():
-        if "warmup_report" in line:
-            quoted = line[line.index('"') : line.rindex('"') + 1]
-            return json.loads(json.loads(quoted))["report"]
-    raise AssertionError(f"no warmup_report in {log_path}")
 
 
 @pytest.fixture(scope="module")
