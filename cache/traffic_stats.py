@@ -11,8 +11,6 @@ import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
-import redis
-
 _MAX_PEAK = (
     "local v = redis.call('HGET', KEYS[1], ARGV[1]) "
     "if (not v) or tonumber(v) < tonumber(ARGV[2]) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end "
@@ -32,11 +30,20 @@ def model_fingerprint(model_dir: str | Path, max_len: int) -> str:
     return hashlib.sha256(config + f"|max_len={max_len}".encode()).hexdigest()[:16]
 
 
+def _redis_module():
+    """redis-py, imported on use: an engine without it still serves, it only loses traffic plans."""
+    try:
+        import redis
+    except ImportError as exc:
+        raise StoreUnavailable("redis-py is not installed in this Python environment (pip install redis)") from exc
+    return redis
+
+
 class TrafficStatsStore:
     def __init__(self, redis_url: str, model: str, fingerprint: str, timeout_s: float = 0.25):
-        self.client = redis.Redis.from_url(
-            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        redis = _redis_module()
+        self.errors = redis.RedisError
+        self.client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self.prefix = f"llm:traffic:v1:{model}:{fingerprint}"
         self._max_peak = self.client.register_script(_MAX_PEAK)
 
@@ -56,14 +63,14 @@ class TrafficStatsStore:
                 for length, count in counts.items():
                     pipe.hincrby(self.lengths_key, str(int(length)), int(count))
                 pipe.execute()
-        except redis.RedisError as exc:
+        except self.errors as exc:
             raise StoreUnavailable(f"recording prompt lengths failed: {exc}") from exc
 
     def load_lengths(self) -> dict[int, int]:
         """The histogram {length: count}; malformed fields are skipped, not trusted."""
         try:
             raw = self.client.hgetall(self.lengths_key)
-        except redis.RedisError as exc:
+        except self.errors as exc:
             raise StoreUnavailable(f"reading prompt lengths failed: {exc}") from exc
         out: dict[int, int] = {}
         for key, value in raw.items():
@@ -79,13 +86,13 @@ class TrafficStatsStore:
         window = int(timestamp // PEAK_WINDOW_S) * PEAK_WINDOW_S
         try:
             self._max_peak(keys=[self.peaks_key], args=[window, int(active), PEAK_TTL_S])
-        except redis.RedisError as exc:
+        except self.errors as exc:
             raise StoreUnavailable(f"recording the concurrency peak failed: {exc}") from exc
 
     def load_peaks(self) -> list[tuple[float, float]]:
         try:
             raw = self.client.hgetall(self.peaks_key)
-        except redis.RedisError as exc:
+        except self.errors as exc:
             raise StoreUnavailable(f"reading concurrency peaks failed: {exc}") from exc
         peaks = []
         for key, value in raw.items():

@@ -65,8 +65,8 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
     failures: list[dict] = []
     store = None
     if config.redis_url:
-        store = TrafficStatsStore(config.redis_url, model_name, model_fingerprint(model_dir, max_len))
         try:
+            store = TrafficStatsStore(config.redis_url, model_name, model_fingerprint(model_dir, max_len))
             histogram = store.load_lengths()
             peaks = store.load_peaks()
         except StoreUnavailable as exc:
