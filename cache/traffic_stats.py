@@ -35,7 +35,9 @@ def _redis_module():
     try:
         import redis
     except ImportError as exc:
-        raise StoreUnavailable("redis-py is not installed in this Python environment (pip install redis)") from exc
+        raise StoreUnavailable(
+            "redis-py is not installed in this Python environment (pip install redis)"
+        ) from exc
     return redis
 
 
@@ -43,7 +45,9 @@ class TrafficStatsStore:
     def __init__(self, redis_url: str, model: str, fingerprint: str, timeout_s: float = 0.25):
         redis = _redis_module()
         self.errors = redis.RedisError
-        self.client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self.client = redis.Redis.from_url(
+            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
         self.prefix = f"llm:traffic:v1:{model}:{fingerprint}"
         self._max_peak = self.client.register_script(_MAX_PEAK)
 
