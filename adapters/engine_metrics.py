@@ -58,6 +58,14 @@ class TritonEngineObserver(EngineObserver):
         self.warmup_shapes = family(
             "llm_engine_warmup_shapes", "Kernel shapes by warmup outcome", family.GAUGE
         )
+        self.prefix_tokens = family(
+            "llm_engine_prefix_cache_tokens_total",
+            "Prompt tokens reused from the prefix cache or computed",
+            family.COUNTER,
+        )
+        self.prefill_items = family(
+            "llm_engine_warmup_prefill_items", "Hot prefixes loaded before READY or deferred", family.GAUGE
+        )
         self.ttft_hist = family(
             "llm_engine_ttft_seconds", "Engine-side time to first token per tier", family.HISTOGRAM
         )
@@ -80,6 +88,8 @@ class TritonEngineObserver(EngineObserver):
             self._metric(self.tokens, tier=tier)
             for status in ("stop", "length", "cancelled", "error"):
                 self._metric(self.finished, tier=tier, status=status)
+        for result in ("reused", "computed"):
+            self._metric(self.prefix_tokens, result=result)
         for family in (self.multi, self.max_batch, self.queue, self.active, self.kv_used):
             self._metric(family)
 
@@ -113,6 +123,11 @@ class TritonEngineObserver(EngineObserver):
         if tokens:
             self._metric(self.tokens, tier=tier).increment(tokens)
 
+    def on_prefix(self, reused_tokens: int, prompt_tokens: int) -> None:
+        if reused_tokens:
+            self._metric(self.prefix_tokens, result="reused").increment(reused_tokens)
+        self._metric(self.prefix_tokens, result="computed").increment(prompt_tokens - reused_tokens)
+
     def on_new_shape(self, kind: str, size: int) -> None:
         self._metric(self.new_shapes, kind=kind).increment(1)
 
@@ -133,11 +148,13 @@ class TritonEngineObserver(EngineObserver):
         self.kv_bytes_per_token = kv_bytes_per_token
         for failure in report.failures:
             self._metric(self.warmup_failures, stage=failure["stage"].split(":")[0]).increment(1)
-        for stage in ("plan", "prefill", "decode", "sampling", "requests"):
+        for stage in ("plan", "prefill", "decode", "sampling", "prefix_templates", "requests"):
             self._metric(self.warmup_failures, stage=stage)
         warmed = sum(stage.items for stage in report.stages if stage.name.endswith("buckets"))
         self._metric(self.warmup_shapes, outcome="warmed").set(warmed)
         self._metric(self.warmup_shapes, outcome="deferred").set(len(report.deferred))
+        self._metric(self.prefill_items, outcome="loaded").set(report.prefill_loaded)
+        self._metric(self.prefill_items, outcome="deferred").set(report.prefill_deferred)
         for stage in report.stages:
             self._metric(self.warmup_stage, stage=stage.name).set(stage.seconds)
         self._metric(self.warmup_total).set(report.total_seconds)

@@ -154,7 +154,12 @@ def run_config(args, name: str, model_dir: Path, lengths: list[int], history: li
             lengths=lengths,
             warmup_total_s=report.get("total_seconds", 0.0),
             stages={s["name"]: s["seconds"] for s in report.get("stages", [])},
-            plan={**report.get("plan", {}), "buckets": report.get("prompt_buckets", [])},
+            plan={
+                **report.get("plan", {}),
+                "buckets": report.get("prompt_buckets", []),
+                "prefill_loaded": report.get("prefill_loaded", 0),
+                "prefill_deferred": report.get("prefill_deferred", 0),
+            },
             new_shapes_after_ready=new_shapes,
             first_n=args.first,
         )
@@ -204,13 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     headers = [
         "config", "READY s", "warmup s", "first ms", "steady ms (same class)", "first/steady",
         "max slowdown first100", "P99 first100 ms", "P99 same lengths later ms", "P99 ratio",
-        "new shapes after READY",
+        "new shapes after READY", "hot prefixes loaded/deferred",
     ]  # fmt: skip
     rows = [
         [
             r.name, r.ready_s, r.warmup_total_s, r.summary["first_ms"], r.summary["steady_same_class_ms"],
             r.summary["first_over_steady"], r.summary["max_slowdown_first100"], r.summary["p99_first_ms"],
             r.summary["p99_steady_ms"], r.summary["p99_ratio"], int(r.new_shapes_after_ready),
+            f"{r.plan['prefill_loaded']}/{r.plan['prefill_deferred']}",
         ]
         for r in results
     ]  # fmt: skip

@@ -50,6 +50,10 @@ class EngineConfig:
     min_batch_size: int = 2
     warmup_budget_s: float = 0.0
     cuda_graphs: bool = True
+    prefix_cache_blocks: int = 256
+    prefix_block_size: int = 16
+    prefill_templates: str = ""
+    prefill_budget_s: float = 0.3
     redis_url: str = ""
     traffic_flush_s: float = 5.0
     plan_min_samples: int = 50

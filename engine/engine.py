@@ -17,6 +17,7 @@ import torch
 
 from engine.model_runner import ModelRunner
 from engine.observer import EngineObserver, EngineStats
+from engine.prefix_cache import PrefixCache
 from engine.requests import EngineRequest
 from engine.sampling import Sampler, pick_tokens
 from engine.stop_strings import StopMatcher
@@ -72,6 +73,10 @@ class Engine:
         self._last_tokens = torch.zeros(runner.slots, dtype=torch.long, device=runner.device)
         self._positions = torch.zeros(runner.slots, dtype=torch.long, device=runner.device)
         self.deferred_shapes: list[tuple[str, int]] = []
+        self.deferred_templates: list[tuple[list[int], str]] = []
+        self.prefix_cache: PrefixCache | None = None
+        self.deferred_templates: list[tuple[list[int], str]] = []
+        self.prefix_cache: PrefixCache | None = None
         self.recorder: TrafficRecorder | None = None
 
     @property
@@ -153,16 +158,14 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while (
-                    not self._stopping and not self._queue and not self._active and not self.deferred_shapes
-                ):
+                while not (self._stopping or self._queue or self._active or self.has_background_work):
                     self._lock.wait()
                 if self._stopping:
                     return
                 idle = not self._queue and not self._active
             try:
                 if idle:
-                    self._warm_deferred_shape()
+                    self._background_step()
                 else:
                     self.step()
             except Exception as exc:  # a broken step must not kill the engine thread
@@ -170,11 +173,25 @@ class Engine:
             with self._lock:
                 self._lock.notify_all()
 
-    def _warm_deferred_shape(self) -> None:
-        """Background warmup after READY, one shape at a time and only while no request waits."""
-        kind, bucket = self.deferred_shapes.pop(0)
-        self.runner.warm_shape(kind, bucket)
-        self.stats.shapes_seen.add((kind, bucket))
+    @property
+    def has_background_work(self) -> bool:
+        return bool(self.deferred_shapes or self.deferred_templates)
+
+    def _background_step(self) -> None:
+        """Warmup left over after READY: one shape or one template at a time, only while idle."""
+        if self.deferred_shapes:
+            kind, bucket = self.deferred_shapes.pop(0)
+            self.runner.warm_shape(kind, bucket)
+            self.stats.shapes_seen.add((kind, bucket))
+        elif self.deferred_templates:
+            self.prefill_template(*self.deferred_templates.pop(0))
+
+    def prefill_template(self, prompt: list[int], tenant: str) -> int:
+        """Load a hot prefix into the prefix cache (pinned) through slot 0; returns blocks stored."""
+        if self.prefix_cache is None or len(prompt) < 2:
+            return 0
+        self.prefill(0, prompt, tenant)
+        return self.prefix_cache.store(0, prompt, tenant, pin=True)
 
     def _drain_queue(self) -> list[EngineRequest]:
         with self._lock:
@@ -224,16 +241,30 @@ class Engine:
             position=len(request.prompt_ids),
         )
         self._active[slot] = state
-        padded = self.prefill_bucket(len(request.prompt_ids))
-        self.note_shape("prefill", padded)
         started = time.perf_counter()
-        logits = self.runner.prefill(slot, request.prompt_ids, padded)
+        logits, reused = self.prefill(slot, request.prompt_ids, params.tenant)
         token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]
         self.stats.prefill_steps += 1
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
         self._accept_token(state, token)  # the first token leaves before any metrics round trip
+        if self.prefix_cache is not None:  # the slot keeps the prompt's KV until this thread reuses it
+            self.prefix_cache.store(slot, request.prompt_ids, params.tenant)
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
         self.observer.on_first_token(params.tier, ttft_s)
+        self.observer.on_prefix(reused, len(request.prompt_ids))
+
+    def prefill(self, slot: int, prompt: list[int], tenant: str) -> tuple[torch.Tensor, int]:
+        """Prefill `slot`, reusing this tenant's longest cached prefix; returns (logits, tokens reused)."""
+        reused = 0
+        if self.prefix_cache is not None:
+            hits = self.prefix_cache.lookup(prompt, tenant)
+            if hits:
+                reused = self.prefix_cache.load(slot, hits)
+        padded = self.prefill_bucket(len(prompt) - reused)
+        self.note_shape("prefill", padded)
+        self.stats.prefix_reused_tokens += reused
+        self.stats.prompt_tokens += len(prompt)
+        return self.runner.prefill(slot, prompt, padded, reused), reused
 
     def _decode(self) -> bool:
         states = list(self._active.values())

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from cache.traffic_stats import StoreUnavailable, TrafficStatsStore, model_fingerprint
@@ -18,6 +20,7 @@ from engine.detokenize import TokenDecoder
 from engine.engine import Engine
 from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
+from engine.prefix_cache import PrefixCache
 from engine.observer import EngineObserver
 from engine.traffic_recorder import TrafficRecorder
 from engine.warmup import StageTiming, WarmupReport, run_warmup
@@ -79,6 +82,25 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
     return TrafficPlan(buckets, histogram, slots, store, failures)
 
 
+def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], str]], list[dict]]:
+    """Hot prefixes from a YAML file ({templates: [{text, tenant}]}) as (token ids, tenant), in file
+    order (= priority). A missing or malformed file is a warmup failure, never a load failure."""
+    if not path:
+        return [], []
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        prefixes = []
+        for entry in data.get("templates", []):
+            text, tenant = entry["text"], str(entry.get("tenant", "default"))
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"template {entry!r} has no text")
+            prefixes.append((tokenizer.encode(text).ids, tenant))
+        return prefixes, []
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        return [], [{"stage": "prefix_templates", "error": f"{path}: {type(exc).__name__}: {exc}"}]
+
+
 def model_max_len(model_dir: Path, max_seq_len: int) -> int:
     limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings") or max_seq_len
     return min(max_seq_len, int(limit))
@@ -120,15 +142,28 @@ def load_engine(
         cancelled_elsewhere,
     )
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
+    fingerprint = model_fingerprint(model_dir, max_len) + f"|{config.dtype}|slot-kv-v1"
+    if config.prefix_cache_blocks > 0:
+        engine.prefix_cache = PrefixCache(
+            runner, config.prefix_cache_blocks, config.prefix_block_size, fingerprint
+        )
+    hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
     load_seconds = time.perf_counter() - started
     log(
         f"loaded {model_dir} on {runner.device} ({config.dtype}) in {load_seconds:.2f}s; "
         f"{runner.slots} slots, KV {runner.kv_bytes / 2**20:.1f} MiB; "
         f"buckets {list(buckets)} ({plan.buckets.source})"
     )
-    report = run_warmup(engine, config.warmup, config.warmup_budget_s, plan.histogram)
+    report = run_warmup(
+        engine,
+        config.warmup,
+        config.warmup_budget_s,
+        plan.histogram,
+        hot_prefixes=hot_prefixes,
+        prefill_budget_s=config.prefill_budget_s,
+    )
     report.stages.insert(0, StageTiming("plan", plan_seconds, len(plan.histogram)))
-    report.failures[:0] = plan.failures
+    report.failures[:0] = plan.failures + template_failures
     report.plan = {
         "source": plan.buckets.source,
         "samples": plan.buckets.samples,

@@ -83,19 +83,33 @@ class ModelRunner:
         raise ValueError(f"length {length} exceeds the engine limit {self.max_len}")
 
     @torch.inference_mode()
-    def prefill(self, slot: int, token_ids: list[int], padded_len: int) -> torch.Tensor:
+    def prefill(self, slot: int, token_ids: list[int], padded_len: int, start: int = 0) -> torch.Tensor:
         """Fill `slot` with the prompt's keys/values; returns the last prompt position's logits [V].
 
-        The prompt is right-padded to `padded_len` so that only bucketed shapes reach the kernels;
-        causal attention keeps padding from influencing real tokens, and decode overwrites the
-        padded positions before anything reads them.
+        The tokens from `start` on are computed (the ones before are already in the slot, loaded
+        from the prefix cache), right-padded to `padded_len` so that only bucketed shapes reach the
+        kernels; causal attention keeps padding from influencing real tokens, and decode
+        overwrites the padded positions before anything reads them.
         """
-        length = len(token_ids)
+        new = token_ids[start:]
+        padded_len = min(padded_len, self.max_len - start)
         ids = torch.zeros((1, padded_len), dtype=torch.long, device=self.device)
-        ids[0, :length] = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        positions = torch.arange(padded_len, device=self.device).unsqueeze(0)
-        hidden = self._layers(ids, positions, self._prefill_attention(slot, padded_len))
-        return self._logits(hidden[:, length - 1])[0]
+        ids[0, : len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + padded_len, device=self.device).unsqueeze(0)
+        hidden = self._layers(ids, positions, self._prefill_attention(slot, start, padded_len))
+        return self._logits(hidden[:, len(new) - 1])[0]
+
+    def read_blocks(self, slot: int, count: int, block_size: int) -> torch.Tensor:
+        """The slot's first `count` blocks as [count, layers, 2, kv_heads, block_size, head_dim]."""
+        span = self.cache[:, :, slot, :, : count * block_size]
+        blocks = span.reshape(*span.shape[:3], count, block_size, self.head_dim)
+        return blocks.permute(3, 0, 1, 2, 4, 5)
+
+    def write_blocks(self, slot: int, blocks: torch.Tensor) -> None:
+        """Inverse of read_blocks: place cached prefix blocks at the start of `slot`."""
+        count, block_size = blocks.shape[0], blocks.shape[4]
+        span = blocks.permute(1, 2, 3, 0, 4, 5).reshape(*blocks.shape[1:4], count * block_size, self.head_dim)
+        self.cache[:, :, slot, :, : count * block_size] = span
 
     @torch.inference_mode()
     def decode(self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -159,12 +173,26 @@ class ModelRunner:
             positions = torch.full((self.slots,), bucket - 1, dtype=torch.long, device=self.device)
             self.decode(tokens, positions, bucket)
 
-    def _prefill_attention(self, slot: int, padded_len: int):
+    def _prefill_attention(self, slot: int, start: int, padded_len: int):
+        end = start + padded_len
+        gqa = self.kv_heads != self.num_heads
+        mask = None
+        if start:
+            keys_at = torch.arange(end, device=self.device)
+            queries_at = torch.arange(start, end, device=self.device)
+            mask = (keys_at[None, :] <= queries_at[:, None])[None, None]
+
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.cache[layer, 0, slot, :, :padded_len] = k[0]
-            self.cache[layer, 1, slot, :, :padded_len] = v[0]
+            self.cache[layer, 0, slot, :, start:end] = k[0]
+            self.cache[layer, 1, slot, :, start:end] = v[0]
+            if mask is None:
+                return F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, scale=self.scaling, enable_gqa=gqa
+                )
+            keys = self.cache[layer, 0, slot, :, :end].unsqueeze(0)
+            values = self.cache[layer, 1, slot, :, :end].unsqueeze(0)
             return F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.kv_heads != self.num_heads
+                q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=gqa
             )
 
         return attend

@@ -18,6 +18,8 @@ class EngineObserver:
 
     def on_load(self, queued: int, active: int, kv_tokens: int) -> None: ...
 
+    def on_prefix(self, reused_tokens: int, prompt_tokens: int) -> None: ...
+
 
 @dataclass
 class EngineStats:
@@ -30,6 +32,8 @@ class EngineStats:
     generated_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     new_shapes_after_ready: int = 0
+    prompt_tokens: int = 0
+    prefix_reused_tokens: int = 0
     shapes_seen: set[tuple[str, int]] = field(default_factory=set)
 
     def count_finish(self, status: str) -> None:

@@ -57,6 +57,8 @@ class WarmupReport:
     plan: dict = field(default_factory=dict)
     deferred: list[str] = field(default_factory=list)
     cuda_graph_buckets: list[int] = field(default_factory=list)
+    prefill_loaded: int = 0
+    prefill_deferred: int = 0
     failures: list[dict] = field(default_factory=list)
     total_seconds: float = 0.0
 
@@ -95,11 +97,36 @@ def shape_order(buckets: tuple[int, ...], histogram: Mapping[int, int] | None) -
     return sorted(buckets, key=lambda b: (-mass[b], b))
 
 
+def prefill_templates(
+    engine: Engine, hot_prefixes: list[tuple[list[int], str]], budget_s: float, report: WarmupReport
+) -> int:
+    """Load hot prefixes (token ids, tenant) in priority order into the prefix cache within
+    `budget_s` once the kernels are warm; the rest is left to the idle engine after READY."""
+    deadline = time.perf_counter() + budget_s
+    loaded = 0
+    for index, (prompt, tenant) in enumerate(hot_prefixes):
+        if time.perf_counter() >= deadline:
+            engine.deferred_templates.extend(hot_prefixes[index:])
+            break
+        try:
+            engine.prefill_template(prompt, tenant)
+            loaded += 1
+        except Exception as exc:  # one broken template never blocks the others
+            report.failures.append(
+                {"stage": f"prefix_templates:{index}", "error": f"{type(exc).__name__}: {exc}"}
+            )
+    report.prefill_loaded = loaded
+    report.prefill_deferred = len(engine.deferred_templates)
+    return loaded
+
+
 def run_warmup(
     engine: Engine,
     enabled: bool,
     budget_s: float = 0.0,
     histogram: Mapping[int, int] | None = None,
+    hot_prefixes: list[tuple[list[int], str]] | None = None,
+    prefill_budget_s: float = 0.3,
 ) -> WarmupReport:
     """Warm every shape within `budget_s` (0: no budget); what does not fit is left in
     `engine.deferred_shapes` for the engine to warm in the background while idle. A failing step
@@ -148,7 +175,10 @@ def run_warmup(
             engine.stats = EngineStats(shapes_seen=engine.stats.shapes_seen)
         return len(_WARMUP_REQUESTS)
 
-    for name, work in (("sampling", sampling), ("requests", requests)):
+    def templates() -> int:
+        return prefill_templates(engine, hot_prefixes or [], prefill_budget_s, report)
+
+    for name, work in (("sampling", sampling), ("prefix_templates", templates), ("requests", requests)):
         try:
             seconds, items = clock.measure(work)
         except Exception as exc:

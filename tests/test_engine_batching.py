@@ -220,7 +220,13 @@ def test_warmup_leaves_no_new_shape_for_any_length(model):
     warm = make_engine(model)
     report = run_warmup(warm, enabled=True)
     warm.ready = True
-    assert [s.name for s in report.stages] == ["prefill_buckets", "decode_kv_buckets", "sampling", "requests"]
+    assert [s.name for s in report.stages] == [
+        "prefill_buckets",
+        "decode_kv_buckets",
+        "sampling",
+        "prefix_templates",
+        "requests",
+    ]
     assert warm.stats.finished == {} and warm.load() == (0, 0)
     for length in (3, 12, 40, 100):
         generate(warm, [1] * length, max_tokens=3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import yaml
 
 from bench.common import PromptFactory
 from cache.traffic_stats import TrafficStatsStore, model_fingerprint
@@ -12,7 +13,7 @@ from client.generate import generate
 from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, find_free_port, start_stack
 from deploy.logs import warmup_report
-from tests.conftest import MODEL_DIR
+from tests.conftest import MODEL_DIR, REPO_ROOT
 
 RECORDED = {20: 300, 45: 200, 90: 120, 180: 60, 400: 20}  # prompt length -> count
 
@@ -87,3 +88,24 @@ def test_warmup_failure_never_fails_the_load(tmp_path):
         metrics = scrape_metrics(stack.metrics_url)
         assert metric_total(metrics, "llm_engine_warmup_failure_total", stage="plan") == 1
         assert generate(stack.grpc_url, "still serving", sampling={"max_tokens": 3}).text
+
+
+def test_prompts_that_start_with_a_template_reuse_its_prefilled_blocks(planned_stack):
+    report = warmup_report(planned_stack.triton_log)
+    assert report["prefill_loaded"] == 2 and report["prefill_deferred"] == 0
+    templates = yaml.safe_load((REPO_ROOT / "model_repository/llm_engine/prefill_templates.yaml").read_text())
+    before = metric_total(
+        scrape_metrics(planned_stack.metrics_url), "llm_engine_prefix_cache_tokens_total", result="reused"
+    )
+    prompt = templates["templates"][0]["text"] + " Where is my parcel?"
+    assert generate(planned_stack.grpc_url, prompt, sampling={"max_tokens": 2}).text
+    after = metric_total(
+        scrape_metrics(planned_stack.metrics_url), "llm_engine_prefix_cache_tokens_total", result="reused"
+    )
+    assert after - before >= 16 * 4, "most of the template's blocks were reused, not recomputed"
+    other_tenant = generate(planned_stack.grpc_url, prompt, sampling={"max_tokens": 2}, tenant="globex")
+    assert other_tenant.text
+    final = metric_total(
+        scrape_metrics(planned_stack.metrics_url), "llm_engine_prefix_cache_tokens_total", result="reused"
+    )
+    assert final == after, "another tenant never reuses the default tenant's template"

@@ -68,7 +68,10 @@ class TritonSink:
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.config = EngineConfig.from_parameters(model_parameters(args))
+        params = model_parameters(args)
+        if params.get("prefill_templates") and not os.path.isabs(params["prefill_templates"]):
+            params["prefill_templates"] = os.path.join(args["model_repository"], params["prefill_templates"])
+        self.config = EngineConfig.from_parameters(params)
         observer = TritonEngineObserver(model=args["model_name"])
         self.namespace = os.getpid()
         mailbox = CancelMailbox(self.config.cancel_dir)

@@ -1,0 +1,104 @@
+"""L1 prefix cache: keys/values of full prompt blocks, kept in a pool allocated once on the device.
+
+A prompt is cut into blocks of `block_size` tokens; each block's key is a SHA-256 chain over
+(parent key, block tokens) seeded with a salt of the model fingerprint and the tenant, so keys
+are identical across processes and machines (no Python `hash()`) and tenants never share KV.
+A request reuses the longest cached chain of its prompt and computes only the rest. Eviction is
+LRU over unpinned blocks, and a lookup refreshes a chain tail-first, so the tails of long
+prefixes go before the shared heads. Warmed templates can be pinned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from engine.model_runner import ModelRunner
+
+
+def block_keys(tokens: Sequence[int], block_size: int, salt: bytes) -> list[bytes]:
+    """Chained keys of the full blocks of `tokens`."""
+    keys = []
+    parent = hashlib.sha256(b"prefix-v1|" + salt).digest()
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = struct.pack(f"<{block_size}q", *tokens[start : start + block_size])
+        parent = hashlib.sha256(parent + block).digest()
+        keys.append(parent)
+    return keys
+
+
+class PrefixCache:
+    def __init__(self, runner: ModelRunner, capacity_blocks: int, block_size: int, fingerprint: str):
+        self.runner = runner
+        self.block_size = block_size
+        self.fingerprint = fingerprint.encode()
+        shape = runner.shape
+        self.pool = torch.zeros(
+            (capacity_blocks, shape.layers, 2, shape.kv_heads, block_size, shape.head_dim),
+            dtype=runner.dtype,
+            device=runner.device,
+        )
+        self.index: OrderedDict[bytes, int] = OrderedDict()  # LRU order: oldest first
+        self.free = list(range(capacity_blocks - 1, -1, -1))
+        self.pinned: set[bytes] = set()
+        self.evictions = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.pool.shape[0]
+
+    @property
+    def bytes(self) -> int:
+        return self.pool.numel() * self.pool.element_size()
+
+    def salt(self, tenant: str) -> bytes:
+        return self.fingerprint + b"|tenant=" + tenant.encode()
+
+    def lookup(self, tokens: Sequence[int], tenant: str) -> list[int]:
+        """Pool indices of the longest cached prefix; at least one prompt token is left to compute."""
+        usable = (len(tokens) - 1) // self.block_size
+        found: list[bytes] = []
+        for key in block_keys(tokens[: usable * self.block_size], self.block_size, self.salt(tenant)):
+            if key not in self.index:
+                break
+            found.append(key)
+        for key in reversed(found):  # the head ends most recent: tails are evicted first
+            self.index.move_to_end(key)
+        return [self.index[key] for key in found]
+
+    def load(self, slot: int, indices: list[int]) -> int:
+        """Copy cached blocks into the start of `slot`; returns the number of tokens loaded."""
+        self.runner.write_blocks(slot, self.pool[torch.tensor(indices, device=self.pool.device)])
+        return len(indices) * self.block_size
+
+    def store(self, slot: int, tokens: Sequence[int], tenant: str, pin: bool = False) -> int:
+        """Keep the full blocks of `tokens` (already in `slot`) that are not cached yet; returns how many."""
+        keys = block_keys(tokens, self.block_size, self.salt(tenant))
+        if pin:
+            self.pinned.update(keys)
+        missing = [i for i, key in enumerate(keys) if key not in self.index]
+        if not missing:
+            return 0
+        blocks = self.runner.read_blocks(slot, missing[-1] + 1, self.block_size)
+        stored = 0
+        for i in missing:
+            index = self._allocate()
+            if index is None:
+                break
+            self.pool[index] = blocks[i]
+            self.index[keys[i]] = index
+            stored += 1
+        return stored
+
+    def _allocate(self) -> int | None:
+        if self.free:
+            return self.free.pop()
+        for key in self.index:  # oldest first
+            if key not in self.pinned:
+                self.evictions += 1
+                return self.index.pop(key)
+        return None
