@@ -231,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths_note = (
         f"prompt lengths: lognormal median {args.median_tokens:g} sigma {args.sigma:g}: "
         f"p50 {int(np.percentile(lengths, 50))}, p99 {int(np.percentile(lengths, 99))}, "
-        f"max {max(lengths)} tokens; "
-        "cache prefill within budget: not built yet (needs the tiered cache of the next issue)"
+        f"max {max(lengths)} tokens; hot prefixes: model_repository/llm_engine/prefill_templates.yaml "
+        "within prefill_budget_s 0.3 s"
     )
     print(lengths_note)
     tag = args.tag or args.device.split(":")[0]
