@@ -1,0 +1,103 @@
+"""Load-or-recompute decisions for L3 (Redis) KV: load only when it is predicted to beat prefill.
+
+A remote KV tier is often slower than recomputing (LMCache's Redis tier is a known example), and which
+one wins depends on the network, the value size, the model and the device. So the decision is made
+from measurements on this replica: the engine reports every load (bytes, seconds) and every prefill
+(tokens, seconds), and `should_load` compares the two predicted times with a margin that covers load
+variance and the copy into the KV slot. The priors only matter until the first measurements arrive.
+
+Averages are kept as seconds per unit (not units per second): the mean of per-unit cost predicts a
+time without bias, the mean of rates would favour fast outliers.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+class _Ewma:
+    """An exponentially weighted mean whose prior counts as one observation.
+
+    Early measurements are averaged with weight 1/(n+1) until that falls to `alpha`, so one noisy
+    first sample does not fully replace the prior and the prior does not linger.
+    """
+
+    def __init__(self, prior: float, alpha: float):
+        self.value = prior
+        self.alpha = alpha
+        self.count = 0
+
+    def update(self, sample: float) -> None:
+        self.count += 1
+        weight = max(self.alpha, 1.0 / (self.count + 1))
+        self.value += weight * (sample - self.value)
+
+
+@dataclass(frozen=True)
+class CostEstimates:
+    load_bytes_per_s: float
+    prefill_tokens_per_s: float
+    load_observations: int
+    prefill_observations: int
+
+
+class LoadCostModel:
+    def __init__(
+        self,
+        prior_load_bytes_per_s: float = 500e6,
+        prior_prefill_tokens_per_s: float = 20_000.0,
+        load_overhead_s: float = 0.001,
+        margin: float = 1.25,
+        alpha: float = 0.2,
+    ):
+        """Priors: ~500 MB/s is a conservative Redis GET + verify + copy on a LAN; 20k tokens/s is a
+        mid-range prefill (a ~1B model on a GPU does more, a CPU far less), so measurements decide.
+        `load_overhead_s` is the per-load round trip; `margin` > 1 means a load must win clearly."""
+        if prior_load_bytes_per_s <= 0 or prior_prefill_tokens_per_s <= 0:
+            raise ValueError("priors must be positive rates")
+        if margin < 1.0 or not 0.0 < alpha <= 1.0 or load_overhead_s < 0:
+            raise ValueError("need margin >= 1, 0 < alpha <= 1 and load_overhead_s >= 0")
+        self.load_overhead_s = load_overhead_s
+        self.margin = margin
+        self._lock = threading.Lock()
+        self._load_s_per_byte = _Ewma(1.0 / prior_load_bytes_per_s, alpha)
+        self._prefill_s_per_token = _Ewma(1.0 / prior_prefill_tokens_per_s, alpha)
+        self.decisions: dict[str, int] = {"load": 0, "recompute": 0}
+
+    def observe_load(self, nbytes: int, seconds: float) -> None:
+        """A finished L3 load; ignored when it carries no information (empty or non-positive time)."""
+        if nbytes > 0 and seconds > 0:
+            with self._lock:
+                self._load_s_per_byte.update(seconds / nbytes)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """A finished prefill of `tokens` prompt tokens (computed, not loaded)."""
+        if tokens > 0 and seconds > 0:
+            with self._lock:
+                self._prefill_s_per_token.update(seconds / tokens)
+
+    def predict_load_s(self, nbytes: int) -> float:
+        with self._lock:
+            return self.load_overhead_s + nbytes * self._load_s_per_byte.value
+
+    def predict_prefill_s(self, tokens: int) -> float:
+        with self._lock:
+            return tokens * self._prefill_s_per_token.value
+
+    def should_load(self, tokens: int, nbytes: int) -> bool:
+        """True when loading `nbytes` of KV is predicted to beat recomputing `tokens` by the margin."""
+        load = tokens > 0 and self.predict_load_s(nbytes) * self.margin < self.predict_prefill_s(tokens)
+        with self._lock:
+            self.decisions["load" if load else "recompute"] += 1
+        return load
+
+    @property
+    def estimates(self) -> CostEstimates:
+        with self._lock:
+            return CostEstimates(
+                load_bytes_per_s=1.0 / self._load_s_per_byte.value,
+                prefill_tokens_per_s=1.0 / self._prefill_s_per_token.value,
+                load_observations=self._load_s_per_byte.count,
+                prefill_observations=self._prefill_s_per_token.count,
+            )

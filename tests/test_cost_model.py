@@ -1,0 +1,84 @@
+"""Load-or-recompute decisions from synthetic measurements."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache.cost_model import LoadCostModel
+
+# A 16-token block of a ~1B Llama in bf16: 16 layers * 2 * 8 heads * 16 tokens * 64 dims * 2 bytes.
+BLOCK_BYTES = 16 * 2 * 8 * 16 * 64 * 2
+
+
+def test_priors():
+    m = LoadCostModel()
+    est = m.estimates
+    assert est.load_bytes_per_s == pytest.approx(500e6)
+    assert est.prefill_tokens_per_s == pytest.approx(20_000.0)
+    assert est.load_observations == est.prefill_observations == 0
+    # 128 blocks (2k tokens): ~67 MB at 500 MB/s = 0.13 s vs 0.1 s prefill at 20k tok/s -> recompute
+    assert not m.should_load(2048, 128 * BLOCK_BYTES)
+    # ~8.4 MB for 2k tokens would load in ~18 ms -> load
+    assert m.should_load(2048, 2048 * 4096)
+    assert m.decisions == {"load": 1, "recompute": 1}
+
+
+def test_fast_redis_slow_prefill_loads():
+    m = LoadCostModel()
+    for _ in range(30):
+        m.observe_load(BLOCK_BYTES * 64, BLOCK_BYTES * 64 / 2e9)  # 2 GB/s
+        m.observe_prefill(1024, 1024 / 2_000)  # a CPU: 2k tokens/s
+    assert m.estimates.load_bytes_per_s == pytest.approx(2e9, rel=0.01)
+    assert m.estimates.prefill_tokens_per_s == pytest.approx(2_000, rel=0.01)
+    assert m.should_load(2048, 128 * BLOCK_BYTES)
+    assert m.decisions == {"load": 1, "recompute": 0}
+
+
+def test_slow_redis_fast_prefill_recomputes():
+    m = LoadCostModel()
+    for _ in range(30):
+        m.observe_load(BLOCK_BYTES * 64, BLOCK_BYTES * 64 / 100e6)  # a congested link: 100 MB/s
+        m.observe_prefill(2048, 2048 / 200_000)  # an H200: 200k tokens/s
+    assert not m.should_load(2048, 128 * BLOCK_BYTES)
+    assert m.decisions == {"load": 0, "recompute": 1}
+
+
+def test_estimates_follow_a_change():
+    m = LoadCostModel()
+    for _ in range(30):
+        m.observe_load(1_000_000, 1_000_000 / 2e9)
+    assert m.should_load(2048, 128 * BLOCK_BYTES)
+    for _ in range(30):  # Redis becomes slow
+        m.observe_load(1_000_000, 1_000_000 / 50e6)
+    assert m.estimates.load_bytes_per_s == pytest.approx(50e6, rel=0.02)
+    assert not m.should_load(2048, 128 * BLOCK_BYTES)
+    assert m.decisions == {"load": 1, "recompute": 1}
+
+
+def test_margin_requires_a_clear_win():
+    m = LoadCostModel(prior_load_bytes_per_s=1e9, prior_prefill_tokens_per_s=10_000, load_overhead_s=0.0)
+    # prefill 1000 tokens = 0.1 s; load 90 MB = 0.09 s: faster, but not by 25%
+    assert not m.should_load(1000, 90_000_000)
+    assert m.should_load(1000, 70_000_000)
+
+
+def test_first_sample_counts_against_the_prior_and_junk_is_ignored():
+    m = LoadCostModel(prior_prefill_tokens_per_s=10_000)
+    m.observe_prefill(100, 0.0)
+    m.observe_prefill(0, 1.0)
+    assert m.estimates.prefill_observations == 0
+    m.observe_prefill(1000, 1000 / 5_000)  # prior 1e-4 s/token, sample 2e-4 -> mean 1.5e-4
+    assert m.predict_prefill_s(1000) == pytest.approx(0.15)
+
+
+def test_nothing_to_gain_is_recompute():
+    m = LoadCostModel()
+    assert not m.should_load(0, 0)
+    assert m.decisions["recompute"] == 1
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        LoadCostModel(prior_load_bytes_per_s=0)
+    with pytest.raises(ValueError):
+        LoadCostModel(margin=0.5)
