@@ -1,4 +1,4 @@
-"""Command line client: `python -m client generate [options] PROMPT`."""
+"""Command line client: `python -m client generate [options] PROMPT`, `python -m client warmup --rewarm`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, TextIO
 from tritonclient.utils import InferenceServerException
 
 from client.generate import GenerationError, GenerationResult, generate
+from client.rewarm import rewarm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--exclude-input", dest="exclude_input_in_output", action="store_true", default=None,
                      help="send exclude_input_in_output=true")  # fmt: skip
     gen.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default: %(default)s)")
+    warm = commands.add_parser("warmup", help="re-warm the engine (reload it: warmup runs before it serves)")
+    warm.add_argument("--url", default="localhost:8001", help="Triton gRPC address (default: %(default)s)")
+    warm.add_argument("--metrics-url", default="http://localhost:8002/metrics", help="Triton metrics URL")
+    warm.add_argument("--model", default="llm_engine", help="model to re-warm (default: %(default)s)")
+    warm.add_argument(
+        "--rewarm", action="store_true", required=True, help="reload the engine and re-run warmup"
+    )
+    warm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default: %(default)s)")
     return parser
 
 
@@ -76,12 +85,26 @@ def run_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def run_rewarm(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        result = rewarm(args.url, args.metrics_url, args.model, args.timeout)
+    except (InferenceServerException, RuntimeError, OSError) as exc:
+        print(f"error: re-warm of {args.model} failed: {exc}", file=err)
+        return 1
+    print(f"{result.model} reloaded and warm in {result.reload_seconds:.2f} s; warmup report:", file=out)
+    for key, value in sorted(result.report.items()):
+        print(f"  {key} {value:g}", file=out)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = out or sys.stdout
     err = err or sys.stderr
     if args.command == "generate":
         return run_generate(args, out, err)
+    if args.command == "warmup":
+        return run_rewarm(args, out, err)
     raise AssertionError(f"unhandled command {args.command!r}")
 
 

@@ -635,6 +635,9 @@ def start_stack(opts: StackOptions) -> Stack:
             f"--http-port={http_port}",
             f"--metrics-port={metrics_port}",
             f"--log-verbose={opts.log_verbose}",
+            # explicit control so `python -m client warmup --rewarm` can reload (and so re-warm) the engine
+            "--model-control-mode=explicit",
+            "--load-model=*",
             *opts.extra_args,
         ]
         log(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
@@ -9,10 +10,10 @@ import yaml
 
 from bench.common import PromptFactory
 from cache.traffic_stats import TrafficStatsStore, model_fingerprint
-from client.generate import generate
+from client.generate import StreamingSession, generate
 from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, find_free_port, start_stack
-from deploy.logs import warmup_report
+from deploy.logs import log_events, warmup_report
 from tests.conftest import MODEL_DIR, REPO_ROOT
 
 RECORDED = {20: 300, 45: 200, 90: 120, 180: 60, 400: 20}  # prompt length -> count
@@ -109,3 +110,23 @@ def test_prompts_that_start_with_a_template_reuse_its_prefilled_blocks(planned_s
         scrape_metrics(planned_stack.metrics_url), "llm_engine_prefix_cache_tokens_total", result="reused"
     )
     assert final == after, "another tenant never reuses the default tenant's template"
+
+
+def test_rewarm_from_the_client_reloads_the_engine_with_a_new_report(planned_stack):
+    from client.__main__ import main
+
+    session = StreamingSession(planned_stack.grpc_url)
+    in_flight = session.submit("served across the reload", sampling={"max_tokens": 200, "ignore_eos": True})
+    out, err = io.StringIO(), io.StringIO()
+    code = main(
+        ["warmup", "--rewarm", "--url", planned_stack.grpc_url, "--metrics-url", planned_stack.metrics_url],
+        out,
+        err,
+    )
+    assert code == 0, err.getvalue()
+    assert "reloaded and warm" in out.getvalue() and "llm_engine_warmup_stage_seconds" in out.getvalue()
+    assert len(log_events(planned_stack.triton_log, "warmup_report")) == 2
+    assert session.wait([in_flight], timeout_s=120)
+    assert session.result(in_flight).error is None and len(session.result(in_flight).pieces) == 200
+    session.close()
+    assert generate(planned_stack.grpc_url, "after the re-warm", sampling={"max_tokens": 3}).text
