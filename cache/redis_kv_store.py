@@ -1,0 +1,233 @@
+"""L3: KV snapshots of prompt blocks in Redis, shared by all replicas of a model.
+
+One Redis value per block, written with a single `SET key value EX ttl`, so a reader sees a whole
+block or none (no header/payload pairs that can be half written). The value is the self-verifying
+format of cache/kv_format.py; the key is `{namespace}:{block key hex}`, where the block key is the
+SHA-256 chain of engine/prefix_cache.py (already salted with model fingerprint and tenant).
+
+Redis is an optimisation, never a dependency: every call has a short socket timeout, no retries,
+and goes through a circuit breaker, and every Redis error becomes a miss (None / False / 0) that is
+counted. A damaged or foreign value is deleted, so it costs one failed load, not one per request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from cache.circuit_breaker import CircuitBreaker
+from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
+
+T = TypeVar("T")
+DEFAULT_TTL_S = 24 * 3600
+# Delete a bad value only if it is still the one we read: a replica may have rewritten it meanwhile.
+_DELETE_IF_UNCHANGED = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+
+@dataclass
+class KVStoreStats:
+    hits: int = 0  # blocks loaded and verified
+    misses: int = 0  # lookups that found no value (a chain counts once, where it stopped)
+    stores: int = 0  # blocks written
+    checksum_failures: int = 0  # damaged values (checksum, length, framing), deleted
+    incompatible: int = 0  # intact values for another model/dtype/shape/layout/version, deleted
+    errors: int = 0  # Redis errors and timeouts
+    breaker_rejections: int = 0  # calls not sent because the breaker was open
+    bytes_loaded: int = 0
+    load_seconds: float = 0.0  # wall time of lookups that returned blocks (round trip + verify)
+    bytes_stored: int = 0
+
+
+class _Unavailable:
+    """Marks a Redis call that did not happen or failed (distinct from a None reply)."""
+
+
+_UNAVAILABLE = _Unavailable()
+
+
+class RedisKVStore:
+    def __init__(
+        self,
+        redis_url: str,
+        namespace: str,
+        ttl_s: int = DEFAULT_TTL_S,
+        timeout_s: float = 0.05,
+        breaker: CircuitBreaker | None = None,
+        compress: bool = False,
+    ):
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError as exc:  # the engine decides whether to run without L3
+            raise ImportError("RedisKVStore needs redis-py (pip install redis hiredis)") from exc
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        self.namespace = namespace
+        self.ttl_s = int(ttl_s)
+        self.compress = compress
+        self.breaker = breaker if breaker is not None else CircuitBreaker()
+        # No retries: one timeout per call is the most a dead or slow Redis may cost a request.
+        self.client = redis.Redis.from_url(
+            redis_url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._delete_if_unchanged = self.client.register_script(_DELETE_IF_UNCHANGED)
+        self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._lock = threading.Lock()
+        self._stats = KVStoreStats()
+        self.last_error: str | None = None
+
+    @property
+    def stats(self) -> KVStoreStats:
+        """A consistent snapshot."""
+        with self._lock:
+            return dataclasses.replace(self._stats)
+
+    def redis_key(self, key: bytes) -> str:
+        if not isinstance(key, bytes) or not key:
+            raise TypeError(f"block keys are non-empty bytes, got {type(key).__name__}")
+        return f"{self.namespace}:{key.hex()}"
+
+    def put(self, key: bytes, tensor: torch.Tensor, meta: KVBlockMeta) -> bool:
+        """Store one block; False when Redis is unavailable. A meta that does not fit raises ValueError."""
+        return self.put_chain([key], [tensor], meta) == 1
+
+    def put_chain(self, keys: Sequence[bytes], tensors: Sequence[torch.Tensor], meta: KVBlockMeta) -> int:
+        """Store blocks in one round trip (each SET atomic on its own); returns how many were stored."""
+        if len(keys) != len(tensors):
+            raise ValueError(f"{len(keys)} keys for {len(tensors)} tensors")
+        if not keys:
+            return 0
+        values = [encode_block(t, meta, compress=self.compress) for t in tensors]
+        names = [self.redis_key(k) for k in keys]
+
+        def op() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for name, value in zip(names, values):
+                pipe.set(name, value, ex=self.ttl_s)
+            return pipe.execute()
+
+        replies = self._call(op)
+        if isinstance(replies, _Unavailable):
+            return 0
+        stored = sum(1 for r in replies if r)
+        with self._lock:
+            self._stats.stores += stored
+            self._stats.bytes_stored += sum(len(v) for v, r in zip(values, replies) if r)
+        return stored
+
+    def get(self, key: bytes, meta: KVBlockMeta, device: str | torch.device = "cpu") -> torch.Tensor | None:
+        """The verified block, or None on a miss, Redis trouble, an open breaker or a bad value."""
+        chain = self.get_chain([key], meta, device=device)
+        return chain[0] if chain else None
+
+    def get_chain(
+        self, keys: Sequence[bytes], meta: KVBlockMeta, device: str | torch.device = "cpu"
+    ) -> list[torch.Tensor]:
+        """The longest leading run of present, valid blocks of `keys`, fetched with one MGET."""
+        if not keys:
+            return []
+        names = [self.redis_key(k) for k in keys]
+        start = time.perf_counter()
+        values = self._call(lambda: self._mget(names))
+        if isinstance(values, _Unavailable):
+            return []
+        blocks: list[torch.Tensor] = []
+        loaded = 0
+        bad: tuple[str, bytes] | None = None
+        missed = False
+        for name, value in zip(names, values):
+            if value is None:
+                missed = True
+                break
+            try:
+                blocks.append(decode_block(value, meta, device=device))
+            except CorruptValue as exc:
+                self._count_bad("checksum_failures", exc)
+                bad = (name, value)
+                break
+            except IncompatibleValue as exc:
+                self._count_bad("incompatible", exc)
+                bad = (name, value)
+                break
+            loaded += len(value)
+        elapsed = time.perf_counter() - start
+        with self._lock:
+            self._stats.hits += len(blocks)
+            self._stats.misses += int(missed)
+            if blocks:
+                self._stats.bytes_loaded += loaded
+                self._stats.load_seconds += elapsed
+        if bad is not None:
+            self.discard(*bad)
+        return blocks
+
+    def discard(self, name: str, value: bytes) -> bool:
+        """Delete the value at Redis key `name` if it still equals `value`; True when deleted."""
+        return self._call(lambda: self._delete_if_unchanged(keys=[name], args=[value])) == 1
+
+    def exists_chain(self, keys: Sequence[bytes]) -> int:
+        """How many leading blocks of `keys` are stored (without loading them); 0 on Redis trouble."""
+        if not keys:
+            return 0
+        names = [self.redis_key(k) for k in keys]
+
+        def op() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.exists(name)
+            return pipe.execute()
+
+        found = self._call(op)
+        if isinstance(found, _Unavailable):
+            return 0
+        run = 0
+        for n in found:
+            if not n:
+                break
+            run += 1
+        return run
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except self._redis_errors:
+            pass
+
+    def _mget(self, names: list[str]) -> list[Any]:
+        # A Redis Cluster client cannot MGET across hash slots; it offers mget_nonatomic instead.
+        mget = getattr(self.client, "mget_nonatomic", self.client.mget)
+        return mget(names)
+
+    def _count_bad(self, counter: str, exc: Exception) -> None:
+        with self._lock:
+            setattr(self._stats, counter, getattr(self._stats, counter) + 1)
+        self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def _call(self, op: Callable[[], T]) -> T | _Unavailable:
+        """Run one Redis operation through the breaker; errors are counted and never raised."""
+        if not self.breaker.allow():
+            with self._lock:
+                self._stats.breaker_rejections += 1
+            return _UNAVAILABLE
+        try:
+            result = op()
+        except self._redis_errors as exc:
+            self.breaker.record_failure()
+            with self._lock:
+                self._stats.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return _UNAVAILABLE
+        self.breaker.record_success()
+        return result

@@ -1,0 +1,241 @@
+"""L3 KV store against a real redis-server: round trips, damaged values, dead and slow Redis, recovery."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+import uuid
+
+import pytest
+import redis
+import torch
+
+from cache.circuit_breaker import BreakerState, CircuitBreaker
+from cache.kv_format import KVBlockMeta
+from cache.redis_kv_store import RedisKVStore
+
+SHAPE = (2, 2, 2, 16, 8)
+META = KVBlockMeta(model_fingerprint="fp-a", dtype="bfloat16", shape=SHAPE, token_count=16, layout="L2HBD-v1")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _keys(n: int, salt: str = "") -> list[bytes]:
+    return [hashlib.sha256(f"{salt}{uuid.uuid4()}|{i}".encode()).digest() for i in range(n)]
+
+
+def _block(seed: int) -> torch.Tensor:
+    return torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"test:kv:{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def raw(redis_server):
+    client = redis.Redis.from_url(redis_server)
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=[False, True], ids=["raw", "zlib"])
+def store(request, redis_server, namespace):
+    s = RedisKVStore(redis_server, namespace, timeout_s=0.5, compress=request.param)
+    yield s
+    s.close()
+
+
+def test_round_trip_and_ttl(store, raw):
+    (key,) = _keys(1)
+    block = _block(1)
+    assert store.put(key, block, META)
+    out = store.get(key, META)
+    assert out is not None and torch.equal(out, block) and out.dtype == torch.bfloat16
+    ttl = raw.ttl(store.redis_key(key))
+    assert 24 * 3600 - 5 <= ttl <= 24 * 3600
+    st = store.stats
+    assert (st.stores, st.hits, st.misses) == (1, 1, 0)
+    assert st.bytes_loaded == len(raw.get(store.redis_key(key))) and st.load_seconds > 0
+    assert store.redis_key(key) == f"{store.namespace}:{key.hex()}"
+
+
+def test_custom_ttl(redis_server, namespace, raw):
+    store = RedisKVStore(redis_server, namespace, ttl_s=60, timeout_s=0.5)
+    (key,) = _keys(1)
+    assert store.put(key, _block(0), META)
+    assert 55 <= raw.ttl(store.redis_key(key)) <= 60
+
+
+def test_miss(store):
+    assert store.get(_keys(1)[0], META) is None
+    assert store.stats.misses == 1 and store.stats.hits == 0
+
+
+def _damage(raw, name: str, how: str) -> None:
+    value = bytearray(raw.get(name))
+    if how == "flip":
+        value[len(value) // 2] ^= 0x40
+    else:
+        value = value[: len(value) - 7]
+    raw.set(name, bytes(value))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_damaged_value_is_rejected_deleted_and_counted(store, raw, how):
+    (key,) = _keys(1)
+    assert store.put(key, _block(2), META)
+    _damage(raw, store.redis_key(key), how)
+    assert store.get(key, META) is None
+    assert store.stats.checksum_failures == 1
+    assert raw.exists(store.redis_key(key)) == 0
+    assert "CorruptValue" in (store.last_error or "")
+    assert store.get(key, META) is None  # now a plain miss
+    assert store.stats.checksum_failures == 1 and store.stats.misses == 1
+
+
+def test_value_for_another_model_is_incompatible_and_deleted(store, raw):
+    (key,) = _keys(1)
+    other = KVBlockMeta("fp-b", META.dtype, META.shape, META.token_count, META.layout)
+    assert store.put(key, _block(3), other)
+    assert store.get(key, META) is None
+    assert store.stats.incompatible == 1 and store.stats.checksum_failures == 0
+    assert raw.exists(store.redis_key(key)) == 0
+
+
+def test_discard_spares_a_value_rewritten_meanwhile(store, raw):
+    (key,) = _keys(1)
+    name = store.redis_key(key)
+    assert store.put(key, _block(4), META)
+    seen = raw.get(name)
+    assert store.put(key, _block(5), META)  # another replica rewrote the block after our read
+    assert not store.discard(name, seen)
+    assert raw.exists(name) == 1
+    assert store.discard(name, raw.get(name)) and raw.exists(name) == 0
+
+
+def test_get_chain_returns_the_leading_valid_run(store, raw):
+    keys = _keys(5)
+    blocks = [_block(10 + i) for i in range(5)]
+    assert store.put_chain(keys[:3], blocks[:3], META) == 3
+    assert store.put(keys[4], blocks[4], META)
+    out = store.get_chain(keys, META)
+    assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, blocks))
+    assert store.exists_chain(keys) == 3
+    assert store.stats.misses == 1 and store.stats.hits == 3
+
+    _damage(raw, store.redis_key(keys[1]), "flip")
+    out = store.get_chain(keys, META)
+    assert len(out) == 1 and torch.equal(out[0], blocks[0])
+    assert store.stats.checksum_failures == 1
+    assert raw.exists(store.redis_key(keys[1])) == 0 and raw.exists(store.redis_key(keys[2])) == 1
+    assert store.exists_chain(keys) == 1
+    assert store.get_chain([], META) == [] and store.exists_chain([]) == 0
+
+
+def test_put_rejects_a_meta_that_does_not_fit(store):
+    with pytest.raises(ValueError):
+        store.put(_keys(1)[0], _block(0).float(), META)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _assert_fast_none(store: RedisKVStore, key: bytes) -> None:
+    t0 = time.perf_counter()
+    assert store.get(key, META) is None
+    assert store.get_chain([key], META) == []
+    assert store.exists_chain([key]) == 0
+    assert not store.put(key, _block(0), META)
+    assert time.perf_counter() - t0 < 4 * 0.5
+
+
+def test_dead_redis_opens_the_breaker_then_recovers(tmp_path, namespace):
+    from deploy.launch import start_redis_server
+
+    port = _free_port()
+    clock = FakeClock()
+    breaker = CircuitBreaker(failure_threshold=3, reset_timeout_s=5.0, clock=clock)
+    store = RedisKVStore(f"redis://127.0.0.1:{port}/0", namespace, timeout_s=0.05, breaker=breaker)
+    (key,) = _keys(1)
+    for _ in range(3):
+        t0 = time.perf_counter()
+        assert store.get(key, META) is None
+        assert time.perf_counter() - t0 < 0.5
+    assert breaker.state is BreakerState.OPEN
+    assert store.stats.errors == 3
+    _assert_fast_none(store, key)  # rejected by the breaker: no network at all
+    assert store.stats.breaker_rejections == 4 and store.stats.errors == 3
+
+    proc, _ = start_redis_server("redis-server", tmp_path, port)
+    try:
+        assert not store.put(key, _block(5), META)  # still open until the reset timeout
+        clock.now += 5.0
+        assert breaker.state is BreakerState.HALF_OPEN
+        assert store.put(key, _block(5), META)  # the probe succeeds and closes the breaker
+        assert breaker.state is BreakerState.CLOSED
+        out = store.get(key, META)
+        assert out is not None and torch.equal(out, _block(5))
+        assert breaker.opens == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        store.close()
+
+
+def test_failed_probe_reopens(namespace):
+    clock = FakeClock()
+    breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=1.0, clock=clock)
+    store = RedisKVStore(f"redis://127.0.0.1:{_free_port()}/0", namespace, breaker=breaker)
+    (key,) = _keys(1)
+    assert store.get(key, META) is None
+    clock.now += 1.0
+    assert store.get(key, META) is None  # the probe fails
+    assert breaker.state is BreakerState.OPEN and breaker.opens == 2
+    assert store.stats.errors == 2
+
+
+def test_recovers_when_pointed_at_a_live_redis(redis_server, namespace):
+    """Same breaker, store re-created against the live fixture (e.g. after a failover to a replica)."""
+    clock = FakeClock()
+    breaker = CircuitBreaker(failure_threshold=2, reset_timeout_s=5.0, clock=clock)
+    dead = RedisKVStore(f"redis://127.0.0.1:{_free_port()}/0", namespace, breaker=breaker)
+    (key,) = _keys(1)
+    dead.get(key, META)
+    dead.get(key, META)
+    assert breaker.state is BreakerState.OPEN
+    live = RedisKVStore(redis_server, namespace, breaker=breaker, timeout_s=0.5)
+    assert live.get(key, META) is None and live.stats.breaker_rejections == 1
+    clock.now += 5.0
+    assert live.get(key, META) is None  # a miss, but a successful probe
+    assert breaker.state is BreakerState.CLOSED
+
+
+def test_slow_redis_times_out_quickly(namespace):
+    """A server that accepts connections but never answers: each call costs one timeout, then none."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # the kernel completes handshakes; nobody ever replies
+        port = listener.getsockname()[1]
+        store = RedisKVStore(f"redis://127.0.0.1:{port}/0", namespace, timeout_s=0.05)
+        (key,) = _keys(1)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            assert store.get(key, META) is None
+            assert time.perf_counter() - t0 < 0.5
+        assert store.breaker.state is BreakerState.OPEN
+        assert store.stats.errors == 3
+        t0 = time.perf_counter()
+        assert not store.put(key, _block(0), META)
+        assert time.perf_counter() - t0 < 0.05
