@@ -53,8 +53,11 @@ class TtftProbe:
     def __init__(self, url: str):
         self.session = StreamingSession(url)
 
-    def ttft_ms(self, prompt: str, max_tokens: int = 4, tier: str | None = None) -> float:
-        rid = self.session.submit(prompt, sampling={"max_tokens": max_tokens, "ignore_eos": True}, tier=tier)
+    def ttft_ms(
+        self, prompt: str, max_tokens: int = 4, tier: str | None = None, tenant: str | None = None
+    ) -> float:
+        sampling = {"max_tokens": max_tokens, "ignore_eos": True}
+        rid = self.session.submit(prompt, sampling=sampling, tier=tier, tenant=tenant)
         if not self.session.wait([rid], timeout_s=300):
             raise TimeoutError(f"request {rid} did not finish within 300 s")
         result = self.session.result(rid)
