@@ -244,9 +244,7 @@ def summarize_tier(tier: str, records: Sequence[RequestRecord], target_ms: float
     )
 
 
-def summarize(
-    records: Sequence[RequestRecord], targets_ms_by_tier: Mapping[str, float]
-) -> list[TierSummary]:
+def summarize(records: Sequence[RequestRecord], targets_ms_by_tier: Mapping[str, float]) -> list[TierSummary]:
     """One row per tier (in the order of `targets_ms_by_tier`, then any other tier seen) and a row 'all'
     whose attainment judges each request by its own tier's target."""
     tiers = [t for t in targets_ms_by_tier if any(r.tier == t for r in records)]

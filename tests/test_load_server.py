@@ -1,0 +1,158 @@
+"""The load generator: summary arithmetic and outcome classification (no server), then a short open-loop
+run and a perf_analyzer run of the exported plan against the real stack (`grpc_url`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from client.arrivals import arrival_times
+from client.generate import GenerationResult
+from client.load import (
+    RequestRecord,
+    is_rejection,
+    record_from_result,
+    run_load,
+    summarize,
+    summary_table,
+)
+from client.workload import (
+    DEFAULT_MODEL_DIR,
+    CorpusPrompts,
+    LengthDistribution,
+    PlannedRequest,
+    TierMix,
+    Workload,
+    export_perf_analyzer_json,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def rec(
+    tier: str, outcome: str = "ok", ttft_ms: float | None = 10.0, tpot_ms: float | None = 5.0
+) -> RequestRecord:
+    ttft = None if ttft_ms is None else ttft_ms / 1000
+    tpot = None if tpot_ms is None else tpot_ms / 1000
+    return RequestRecord(0, tier, "t", 0.0, 0.0, 8, 4, outcome, ttft, tpot, 0.1, 4, None)
+
+
+def test_summary_percentiles_attainment_and_failure_counts() -> None:
+    records = [rec("critical", ttft_ms=float(ms)) for ms in range(1, 101)]  # 1..100 ms
+    records += [rec("critical", "rejected", None, None), rec("critical", "timeout", None, None)]
+    records += [rec("batch", ttft_ms=500.0), rec("batch", "error", None, None)]
+    rows = {r.tier: r for r in summarize(records, {"critical": 50.0, "standard": 100.0, "batch": 1000.0})}
+    assert list(rows) == ["critical", "batch", "all"]  # tiers without requests are left out
+    crit = rows["critical"]
+    assert (crit.count, crit.ok, crit.rejections, crit.timeouts, crit.errors) == (102, 100, 1, 1, 0)
+    assert crit.ttft_p50_ms == pytest.approx(50.5) and crit.ttft_p99_ms == pytest.approx(99.01)
+    assert crit.attainment == pytest.approx(50 / 102)  # failures are misses
+    assert rows["batch"].attainment == 0.5 and rows["batch"].errors == 1
+    assert rows["all"].count == 104 and rows["all"].attainment == pytest.approx(51 / 104)
+    table = summary_table(list(rows.values()))
+    assert "| critical | 102" in table and "49.0%" in table
+
+
+def test_summary_tier_without_target_has_no_attainment() -> None:
+    (row, _all) = summarize([rec("warmup")], {})
+    assert row.tier == "warmup" and math.isnan(row.attainment) and math.isnan(row.target_ms)
+    assert "| warmup" in summary_table([row])
+
+
+def test_rejections_are_told_apart_from_errors_and_timeouts() -> None:
+    plan = PlannedRequest(1.0, "batch", "t", "p", 4, 8)
+
+    def outcome(
+        error: str | None, total_s: float = 0.5, pieces: tuple[str, ...] = ("a", "b", "", "c")
+    ) -> str:
+        result = GenerationResult("", list(pieces), 0.1, total_s, error, "r")
+        return record_from_result(0, plan, 1.2, result, timeout_s=10.0).outcome
+
+    assert outcome(None) == "ok"
+    assert outcome(None, total_s=11.0) == "timeout"
+    assert outcome("tier 'batch' shed under overload; retry after 2 s") == "rejected"
+    assert outcome("in ensemble 'llm', unknown slo_tier 'x'; allowed: critical") == "error"
+    assert is_rejection("the engine is shutting down; retry on another replica")
+    assert is_rejection("UNAVAILABLE: queue full")
+    ok = record_from_result(
+        0, plan, 1.2, GenerationResult("", ["a", "b", "", "c"], 0.1, 0.5, None, "r"), 10.0
+    )
+    assert ok.output_tokens == 3 and ok.tpot_s == pytest.approx(0.2) and ok.send_lag_s == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------------------------------ against a server
+
+
+@pytest.fixture(scope="module")
+def tiny_plan() -> list[PlannedRequest]:
+    if not (DEFAULT_MODEL_DIR / "tokenizer.json").exists():
+        pytest.skip("make setup builds models/tiny-llama")
+    workload = Workload(
+        prompts=CorpusPrompts(DEFAULT_MODEL_DIR),
+        mix=TierMix({"critical": 0.25, "warmup": 0.1, "standard": 0.4, "batch": 0.25}),
+        prompt_lengths=LengthDistribution(median=16, sigma=0.6, minimum=4, maximum=64),
+        output_lengths=LengthDistribution(median=3, sigma=0.3, minimum=2, maximum=4),
+    )
+    return workload.generate(arrival_times("poisson", 10.0, count=20, seed=4), seed=4)
+
+
+def test_open_loop_run_completes_with_plausible_latencies(
+    grpc_url: str, tiny_plan: list[PlannedRequest]
+) -> None:
+    progress = []
+    records = run_load(grpc_url, tiny_plan, on_progress=progress.append, progress_every_s=0.5, timeout_s=60.0)
+    assert len(records) == 20
+    failed = [(r.tier, r.outcome, r.error) for r in records if r.outcome != "ok"]
+    assert not failed
+    assert [r.tier for r in records] == [p.tier for p in tiny_plan]
+    assert [r.tenant for r in records] == [p.tenant for p in tiny_plan]
+    assert Counter(r.tier for r in records) == Counter(p.tier for p in tiny_plan)
+    for r, p in zip(records, tiny_plan):
+        assert r.planned_s == p.at_s and -0.001 <= r.send_lag_s < 0.5  # sent on time: open loop
+        assert 0 < r.ttft_s < 5.0 and r.ttft_s <= r.total_s
+        assert 1 <= r.output_tokens <= p.max_tokens
+        assert r.tpot_s is None or 0 < r.tpot_s < 2.0
+    assert any(r.tpot_s is not None for r in records)
+    assert progress and progress[-1].sent == 20 and progress[-1].in_flight == 0
+    rows = summarize(
+        records, {"critical": 60_000.0, "warmup": 60_000.0, "standard": 60_000.0, "batch": 60_000.0}
+    )
+    assert rows[-1].tier == "all" and rows[-1].ok == 20 and rows[-1].attainment == 1.0
+
+
+def _perf_analyzer() -> tuple[str, str] | None:
+    """(binary, extra LD_LIBRARY_PATH) from the environment or `.tools/env.sh` (make setup)."""
+    values = {k: os.environ.get(k, "") for k in ("PERF_ANALYZER", "PERF_ANALYZER_LD_LIBRARY_PATH")}
+    env_sh = REPO_ROOT / ".tools" / "env.sh"
+    if not values["PERF_ANALYZER"] and env_sh.exists():
+        for key, value in re.findall(r"^export (\w+)=(.*)$", env_sh.read_text(), re.MULTILINE):
+            if key in values:
+                values[key] = value.strip().strip("'\"")
+    binary = values["PERF_ANALYZER"]
+    return (binary, values["PERF_ANALYZER_LD_LIBRARY_PATH"]) if binary and Path(binary).exists() else None
+
+
+def test_perf_analyzer_accepts_the_exported_plan(
+    grpc_url: str, tiny_plan: list[PlannedRequest], tmp_path: Path
+) -> None:
+    found = _perf_analyzer()
+    if found is None:
+        pytest.skip("perf_analyzer not installed (make setup)")
+    binary, libs = found
+    data = export_perf_analyzer_json(tiny_plan, tmp_path / "plan.json")
+    env = {**os.environ, "LD_LIBRARY_PATH": ":".join(filter(None, [libs, os.environ.get("LD_LIBRARY_PATH")]))}
+    command = [binary, "-m", "llm", "-i", "grpc", "--streaming", "-u", grpc_url, "--input-data", str(data),
+               "--concurrency-range", "2", "--request-count", "12"]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    served = re.search(
+        r"Server:\s+Inference count: \d+\s+Execution count: \d+\s+Successful request count: (\d+)", output
+    )
+    assert served and int(served.group(1)) >= 12, output[-3000:]
