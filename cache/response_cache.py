@@ -1,0 +1,272 @@
+"""Exact response cache in Redis: the same prompt tokens with the same sampling give the same text.
+
+Only deterministic requests are cacheable (greedy, or sampled with an explicit seed): a cached answer
+to a request that asked for randomness would silently take the randomness away.
+
+The key is SHA-256 over a canonical JSON document of the model fingerprint, the tenant, the prompt
+token ids and every parameter that changes the generated text, so two processes (or machines) with
+the same model compute the same key, and tenants never share an entry. Parameters that do not change
+the text (stream, tier, arrival time) stay out of the key so they do not split the cache.
+
+Values are JSON with a format version and a checksum over (key, text): never pickle, since Redis is a
+shared store and unpickling its bytes would run whatever someone put there. A value that fails the
+check (bit rot, truncation, a value copied under another tenant's key) is deleted and counted.
+
+Redis trouble never reaches the caller: short socket timeouts, no retries, and a circuit breaker that
+skips Redis for a while after consecutive failures, so a dead Redis costs a request nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scheduler.messages import EngineRequestParams
+
+FORMAT_VERSION = 1
+KEY_PREFIX = "llm:resp:exact:v1"
+
+
+@dataclass
+class ExactCacheStats:
+    """Counters since start; ``snapshot()`` returns a consistent copy for metrics."""
+
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0  # Redis unreachable, slow or failing, or skipped while the breaker is open
+    corrupt: int = 0  # values that failed version/checksum validation (deleted)
+    uncacheable: int = 0  # get/put calls for non-deterministic requests
+    stores: int = 0
+
+
+def is_deterministic(params: EngineRequestParams) -> bool:
+    """Greedy, or sampled with a fixed seed: the only requests whose answer can be replayed."""
+    return params.temperature == 0.0 or params.seed is not None
+
+
+def sampling_signature(params: EngineRequestParams) -> dict[str, Any]:
+    """Every request parameter that changes the generated text, in canonical (JSON-stable) form.
+
+    The tenant is not in here; callers that key by tenant add it separately.
+    """
+    return {
+        "max_tokens": int(params.max_tokens),
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": int(params.top_k),
+        "seed": None if params.seed is None else int(params.seed),
+        "stop": [str(s) for s in params.stop],
+        "ignore_eos": bool(params.ignore_eos),
+        "exclude_input_in_output": bool(params.exclude_input_in_output),
+    }
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sha256_hex(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))  # length-prefixed: no ambiguity between parts
+        h.update(part)
+    return h.hexdigest()
+
+
+def tenant_tag(tenant: str) -> str:
+    """A fixed-width, key-safe form of the tenant (tenants are free text set by the server)."""
+    return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass
+class CircuitBreaker:
+    """Opens after ``failures_to_open`` consecutive failures and lets one probe through every
+    ``cooldown_s``: while Redis is down, requests skip it instead of each paying a timeout.
+    Closes again on the first success, so recovery needs no operator."""
+
+    failures_to_open: int = 3
+    cooldown_s: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    _failures: int = 0
+    _open_until: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def allow(self) -> bool:
+        with self._lock:
+            if self._failures < self.failures_to_open:
+                return True
+            now = self.clock()
+            if now >= self._open_until:
+                self._open_until = now + self.cooldown_s  # this caller is the probe; others keep skipping
+                return True
+            return False
+
+    def success(self) -> None:
+        with self._lock:
+            self._failures = 0
+            self._open_until = 0.0
+
+    def failure(self) -> None:
+        with self._lock:
+            self._failures += 1
+            if self._failures >= self.failures_to_open:
+                self._open_until = self.clock() + self.cooldown_s
+
+    @property
+    def is_open(self) -> bool:
+        return self._failures >= self.failures_to_open
+
+
+def make_redis_client(redis_url: str, timeout_s: float):
+    """redis-py client that fails fast: one attempt, short connect and socket timeouts."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(
+        redis_url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        health_check_interval=0,
+    )
+
+
+class ExactResponseCache:
+    """get/put of whole generated texts keyed by (fingerprint, tenant, prompt ids, sampling)."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        fingerprint: str,
+        ttl_s: int = 86400,
+        timeout_s: float = 0.05,
+        max_text_bytes: int = 1 << 20,
+        breaker: CircuitBreaker | None = None,
+    ):
+        import redis
+
+        self.fingerprint = fingerprint
+        self.ttl_s = int(ttl_s)
+        self.max_text_bytes = max_text_bytes
+        self.client = make_redis_client(redis_url, timeout_s)
+        self._redis_errors = (redis.RedisError, OSError)
+        self.breaker = breaker or CircuitBreaker()
+        self.stats = ExactCacheStats()
+        self._lock = threading.Lock()
+
+    # -- keys and values -------------------------------------------------------------------------
+
+    def cacheable(self, params: EngineRequestParams) -> bool:
+        return is_deterministic(params)
+
+    def key(self, prompt_ids: Sequence[int], params: EngineRequestParams) -> str:
+        doc = {
+            "fp": self.fingerprint,
+            "tenant": params.tenant,
+            "ids": [int(t) for t in prompt_ids],
+            "sampling": sampling_signature(params),
+        }
+        return (
+            f"{KEY_PREFIX}:{self.fingerprint}:{tenant_tag(params.tenant)}:{sha256_hex(canonical_json(doc))}"
+        )
+
+    @staticmethod
+    def _checksum(key: str, text: str) -> str:
+        return sha256_hex(key.encode("utf-8"), text.encode("utf-8"))
+
+    def encode_value(self, key: str, text: str) -> bytes:
+        return canonical_json({"v": FORMAT_VERSION, "text": text, "sum": self._checksum(key, text)})
+
+    def decode_value(self, key: str, raw: bytes) -> str | None:
+        """The text, or None when the value is not one we wrote for this key."""
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION:
+            return None
+        text = doc.get("text")
+        if not isinstance(text, str) or doc.get("sum") != self._checksum(key, text):
+            return None
+        return text
+
+    # -- operations ------------------------------------------------------------------------------
+
+    def get(self, prompt_ids: Sequence[int], params: EngineRequestParams) -> str | None:
+        if not self.cacheable(params):
+            self._count("uncacheable")
+            return None
+        if not self.breaker.allow():
+            self._count("errors")
+            return None
+        key = self.key(prompt_ids, params)
+        try:
+            raw = self.client.get(key)
+        except self._redis_errors:
+            self._fail()
+            return None
+        self.breaker.success()
+        if raw is None:
+            self._count("misses")
+            return None
+        text = self.decode_value(key, raw)
+        if text is None:
+            self._count("corrupt")
+            self._count("misses")
+            self._delete_quietly(key)
+            return None
+        self._count("hits")
+        return text
+
+    def put(self, prompt_ids: Sequence[int], params: EngineRequestParams, text: str) -> bool:
+        if not self.cacheable(params):
+            self._count("uncacheable")
+            return False
+        value_text = str(text)
+        if len(value_text.encode("utf-8")) > self.max_text_bytes:
+            return False
+        if not self.breaker.allow():
+            self._count("errors")
+            return False
+        key = self.key(prompt_ids, params)
+        try:
+            self.client.set(key, self.encode_value(key, value_text), ex=self.ttl_s)
+        except self._redis_errors:
+            self._fail()
+            return False
+        self.breaker.success()
+        self._count("stores")
+        return True
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return asdict(self.stats)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except self._redis_errors:
+            pass
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def _fail(self) -> None:
+        self.breaker.failure()
+        self._count("errors")
+
+    def _delete_quietly(self, key: str) -> None:
+        try:
+            self.client.delete(key)
+        except self._redis_errors:
+            self._fail()

@@ -1,0 +1,688 @@
+"""Semantic response cache: answer a paraphrase of an earlier question from Redis, per tenant.
+
+Embedding similarity alone is not enough to reuse an answer. Sentence embeddings put a question and
+its negation or reversal closer together than many true paraphrases (all-MiniLM-L6-v2: "How do I
+reset my password?" vs "How do I not reset my password?" 0.93, vs "I forgot my password, how can I
+set a new one?" 0.89), and GPTCache at threshold 0.8 returns wrong answers for about 9% of its hits.
+So a match must pass three checks besides the cosine threshold:
+
+- the same sampling signature (max_tokens, temperature, seed, stop ...): other parameters, other answer;
+- never for temperature > 0 without a seed: that request asked for a fresh sample;
+- ``QuestionGuard``: rejects a pair when one question has a negation, exception or comparison-direction
+  word that the other lacks or reverses, swaps a from/to or than direction, or names other numbers
+  or entities. It is lexical and conservative on purpose: a rejected paraphrase costs one generation,
+  an accepted negation serves a wrong answer.
+
+Stored per (model fingerprint, tenant): the prompt, the completion, the embedding (float32 bytes) and
+the signature, with a checksum over all of them and the tenant. A tenant's lookups read only that
+tenant's keys, and an entry copied under another tenant fails its checksum. Lookups are brute-force
+cosine over the tenant's matrix, kept in memory and re-read only when the tenant's version counter in
+Redis moves (every store, eviction or corruption cleanup bumps it).
+
+Answers are completions (generated text only). With exclude_input_in_output false the caller puts the
+*current* prompt in front (``SemanticHit.output_text``), never the stored one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from cache.response_cache import (
+    CircuitBreaker,
+    canonical_json,
+    is_deterministic,
+    make_redis_client,
+    sampling_signature,
+    sha256_hex,
+    tenant_tag,
+)
+from scheduler.messages import EngineRequestParams
+
+FORMAT_VERSION = 1
+KEY_PREFIX = "llm:resp:sem:v1"
+DEFAULT_THRESHOLD = 0.80  # chosen by bench/semantic_cache.py (precision >= 0.97 on data/paraphrases.jsonl)
+
+_STORE_SCRIPT = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+local victims = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[7])
+local excess = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[6])
+if excess > 0 then
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, excess - 1)) do table.insert(victims, id) end
+end
+local evicted = 0
+for _, id in ipairs(victims) do
+  evicted = evicted + redis.call('ZREM', KEYS[3], id)
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+end
+redis.call('INCR', KEYS[4])
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+return evicted
+"""
+
+_DELETE_SCRIPT = """
+for i = 1, #ARGV do
+  redis.call('HDEL', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+  redis.call('ZREM', KEYS[3], ARGV[i])
+end
+return redis.call('INCR', KEYS[4])
+"""
+
+
+class Embedder(Protocol):
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+# ---------------------------------------------------------------------------------------------------
+# The lexical guard
+# ---------------------------------------------------------------------------------------------------
+
+
+def _forms(*stems: str) -> frozenset[str]:
+    """A verb or adjective with its common inflections (over-generation is harmless here)."""
+    out: set[str] = set()
+    for s in stems:
+        out |= {s, s + "s", s + "es", s + "d", s + "ed", s + "ing"}
+        if s.endswith("e"):
+            out.add(s[:-1] + "ing")
+    return frozenset(out)
+
+
+NEGATIONS = frozenset(
+    {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot", "without", "non"}
+    | {"dont", "doesnt", "didnt", "cant", "wont", "isnt", "arent", "wasnt", "shouldnt", "couldnt"}
+)
+EXCEPTIONS = frozenset({"except", "excepting", "excluding", "besides"})
+
+
+@dataclass(frozen=True)
+class Axis:
+    """Two opposite poles. ``strict``: one side naming a pole the other lacks is already a reject
+    (comparisons and time order change the question even when only one side states them); otherwise
+    only opposite poles reject (action verbs, whose absence usually means a synonym was used)."""
+
+    name: str
+    plus: frozenset[str]
+    minus: frozenset[str]
+    strict: bool
+
+
+AXES: tuple[Axis, ...] = (
+    Axis(
+        "quantity",
+        _forms("increase", "raise", "grow", "boost", "exceed")
+        | frozenset(
+            {"more", "higher", "greater", "larger", "bigger", "above", "go_up", "goes_up", "went_up"}
+        ),
+        _forms("decrease", "reduce", "shrink", "lessen")
+        | frozenset({"less", "fewer", "lower", "lowered", "lowering", "smaller", "below", "go_down"})
+        | frozenset({"goes_down", "went_down"}),
+        strict=True,
+    ),
+    Axis("time", frozenset({"before", "earlier", "prior"}), frozenset({"after", "later"}), strict=True),
+    Axis("speed", frozenset({"faster", "quicker", "sooner"}), frozenset({"slower"}), strict=True),
+    Axis(
+        "level",
+        frozenset({"high", "highest", "max", "maximum", "most"}),
+        frozenset({"low", "lowest", "min", "minimum", "least"}),
+        strict=False,
+    ),
+    Axis(
+        "order",
+        frozenset({"ascending", "first", "earliest", "oldest"}),
+        frozenset({"descending", "last", "latest", "newest", "final"}),
+        strict=False,
+    ),
+    Axis(
+        "quality", frozenset({"good", "better", "best"}), frozenset({"bad", "worse", "worst"}), strict=False
+    ),
+    Axis(
+        "switch",
+        _forms("enable", "activate") | frozenset({"turn_on", "switch_on", "turned_on"}),
+        _forms("disable", "deactivate") | frozenset({"turn_off", "switch_off", "turned_off"}),
+        strict=False,
+    ),
+    Axis(
+        "inout",
+        frozenset({"in", "checkin", "login", "signin"}),
+        frozenset({"out", "checkout", "logout", "signout"}),
+        strict=False,
+    ),
+    Axis(
+        "transfer",
+        _forms("import", "upload", "push", "send", "deposit"),
+        _forms("export", "download", "pull", "receive", "withdraw"),
+        strict=False,
+    ),
+    Axis(
+        "codec",
+        _forms("encode", "encrypt", "compress", "serialize"),
+        _forms("decode", "decrypt", "decompress", "deserialize"),
+        strict=False,
+    ),
+    Axis(
+        "membership",
+        _forms("add", "include", "join", "subscribe"),
+        _forms("remove", "exclude", "leave", "unsubscribe"),
+        strict=False,
+    ),
+    Axis("plan", _forms("upgrade", "buy"), _forms("downgrade", "sell"), strict=False),
+    Axis(
+        "travel",
+        _forms("arrive") | frozenset({"arrival", "arrivals", "inbound"}),
+        _forms("depart", "leave") | frozenset({"departure", "departures", "outbound"}),
+        strict=False,
+    ),
+    Axis("state", _forms("open", "start"), _forms("close", "stop"), strict=False),
+    Axis("mutability", frozenset({"mutable"}), frozenset({"immutable"}), strict=False),
+)
+
+# "un-" verbs: "lock" vs "unlock" is a reversal; a side naming neither is fine.
+UN_VERBS = frozenset(
+    {"lock", "mute", "install", "pin", "block", "follow", "hide", "archive", "link", "freeze", "pause"}
+    | {"select", "check", "subscribe", "publish", "share", "star", "tag", "zip", "pack"}
+)
+PHRASAL_PARTICLES = {"on", "off", "in", "out", "up", "down"}
+PHRASAL_VERBS = frozenset({"turn", "turned", "turning", "switch", "switched", "go", "goes", "went", "going"})
+INOUT_VERBS = frozenset(
+    {"log", "logged", "logging", "sign", "signed", "signing", "check", "checked", "checking", "zoom"}
+    | {"zoomed", "zooming", "opt", "opted", "plug", "plugged", "clock", "cash"}
+)
+SKIP_AFTER_MARKER = frozenset(
+    {"the", "a", "an", "my", "your", "our", "their", "his", "her", "its", "this", "that", "on", "in", "at"}
+)
+NUMBER_WORDS = {
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+    "eleven": "11",
+    "twelve": "12",
+    "twenty": "20",
+    "thirty": "30",
+    "forty": "40",
+    "fifty": "50",
+    "hundred": "100",
+    "thousand": "1000",
+}  # "one" is left out: mostly a pronoun ("the mobile one")
+_WORD = re.compile(r"[A-Za-z0-9]+(?:['’][A-Za-z]+)?")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_SENTENCE_END = re.compile(r"[.?!:;]\s+|^\s*")
+_PRONOUN_I = frozenset({"i", "i'm", "i'd", "i've", "i'll"})
+
+
+@dataclass(frozen=True)
+class QuestionFeatures:
+    """What the guard compares, extracted once per text (cached with the tenant's matrix)."""
+
+    words: frozenset[str]
+    negated: bool
+    excepted: bool
+    poles: tuple[tuple[frozenset[str], frozenset[str]], ...]  # per AXES entry: (plus hits, minus hits)
+    un_verbs: frozenset[str]  # "lock" for "unlock"
+    plain_verbs: frozenset[str]  # "lock" for "lock"
+    sources: frozenset[str]  # words in a "from X" / "X to" role
+    targets: frozenset[str]  # words in a "to X" / "into X" role
+    than_objects: frozenset[str]
+    numbers: frozenset[str]
+    entities: frozenset[str]
+
+
+@dataclass(frozen=True)
+class GuardVerdict:
+    ok: bool
+    reason: str = ""
+
+
+def _tokens(text: str) -> list[str]:
+    return [t.replace("’", "'") for t in _WORD.findall(text)]
+
+
+def _next_content(words: list[str], i: int) -> str | None:
+    for w in words[i + 1 :]:
+        if w not in SKIP_AFTER_MARKER:
+            return w
+    return None
+
+
+def extract_features(text: str) -> QuestionFeatures:
+    raw = _tokens(text)
+    words = [w.lower() for w in raw]
+    negated = any(w in NEGATIONS or w.endswith("n't") for w in words)
+    excepted = any(w in EXCEPTIONS for w in words) or " other than " in f" {' '.join(words)} "
+
+    # phrasal verbs become one token so "turn off" and "log in" can sit on an axis
+    joined: list[str] = list(words)
+    for i in range(len(words) - 1):
+        w, nxt = words[i], words[i + 1]
+        if nxt in PHRASAL_PARTICLES and w in PHRASAL_VERBS:
+            base = {"turned": "turned", "turning": "turn", "switched": "switch"}.get(w, w)
+            base = "go" if base in {"goes", "went", "going"} and nxt in {"up", "down"} else base
+            joined.append(f"{base}_{nxt}")
+    bag = set(joined)
+    poles = []
+    for axis in AXES:
+        plus, minus = axis.plus & bag, axis.minus & bag
+        if axis.name == "inout":  # a bare "in"/"out" only counts after a log/sign/check-style verb
+            plus = (plus - {"in"}) | (
+                {"in"}
+                if any(words[i] in INOUT_VERBS and words[i + 1] == "in" for i in range(len(words) - 1))
+                else set()
+            )
+            minus = (minus - {"out"}) | (
+                {"out"}
+                if any(words[i] in INOUT_VERBS and words[i + 1] == "out" for i in range(len(words) - 1))
+                else set()
+            )
+        poles.append((frozenset(plus), frozenset(minus)))
+
+    un_verbs = set()
+    for w in words:
+        for v in UN_VERBS:
+            if w in (f"un{v}", f"un{v}s", f"un{v}ed", f"un{v}ing", f"un{v}ped", f"un{v}ping"):
+                un_verbs.add(v)
+    plain = {v for v in UN_VERBS if any(w in (v, v + "s", v + "ed", v + "ing") for w in words)}
+
+    sources: set[str] = set()
+    targets: set[str] = set()
+    than: set[str] = set()
+    for i, w in enumerate(words):
+        if w == "from":
+            nxt = _next_content(words, i)
+            if nxt:
+                sources.add(nxt)
+        elif w in {"to", "into"}:
+            nxt = _next_content(words, i)
+            if nxt:
+                targets.add(nxt)
+            if i > 0 and words[i - 1] not in SKIP_AFTER_MARKER:
+                sources.add(words[i - 1])
+        elif w == "than":
+            nxt = _next_content(words, i)
+            if nxt:
+                than.add(nxt)
+    pure_sources, pure_targets = sources - targets, targets - sources
+
+    numbers = set(_NUMBER.findall(text)) | {NUMBER_WORDS[w] for w in words if w in NUMBER_WORDS}
+    numbers |= {NUMBER_WORDS[p] for w in words for p in w.split("-") if p in NUMBER_WORDS}
+
+    sentence_starts = {m.end() for m in _SENTENCE_END.finditer(text)}
+    entities = set()
+    for m in _WORD.finditer(text):
+        tok = m.group(0)
+        low = tok.lower()
+        if low in _PRONOUN_I or not any(c.isupper() for c in tok):
+            continue
+        special = (
+            (tok.isupper() and len(tok) > 1)
+            or any(c.isupper() for c in tok[1:])
+            or any(c.isdigit() for c in tok)
+        )
+        if m.start() in sentence_starts and not special:
+            continue  # a capital at the start of a sentence says nothing
+        entities.add(low)
+
+    return QuestionFeatures(
+        words=frozenset(words),
+        negated=negated,
+        excepted=excepted,
+        poles=tuple(poles),
+        un_verbs=frozenset(un_verbs),
+        plain_verbs=frozenset(plain),
+        sources=frozenset(pure_sources),
+        targets=frozenset(pure_targets),
+        than_objects=frozenset(than),
+        numbers=frozenset(numbers),
+        entities=frozenset(entities),
+    )
+
+
+class QuestionGuard:
+    """Decides whether two similar questions may share an answer (see the module docstring)."""
+
+    def check(self, a: QuestionFeatures, b: QuestionFeatures) -> GuardVerdict:
+        if a.negated != b.negated:
+            return GuardVerdict(False, "negation")
+        if a.excepted != b.excepted:
+            return GuardVerdict(False, "exception")
+        for axis, (pa, ma), (pb, mb) in zip(AXES, a.poles, b.poles):
+            a_dir = (bool(pa), bool(ma))
+            b_dir = (bool(pb), bool(mb))
+            if a_dir == b_dir:
+                continue
+            if axis.strict or (any(a_dir) and any(b_dir)):
+                return GuardVerdict(False, f"direction:{axis.name}")
+        if (a.un_verbs & b.plain_verbs - b.un_verbs) or (b.un_verbs & a.plain_verbs - a.un_verbs):
+            return GuardVerdict(False, "reversal:un-verb")
+        if (a.sources & b.targets) or (a.targets & b.sources):
+            return GuardVerdict(False, "reversal:from-to")
+        # "X faster than Y" vs "Y faster than X": one side's than-object appears on the other side elsewhere
+        if ((a.than_objects - b.than_objects) & b.words) or ((b.than_objects - a.than_objects) & a.words):
+            return GuardVerdict(False, "reversal:than")
+        if a.numbers != b.numbers:
+            return GuardVerdict(False, "numbers")
+        missing = {e for e in a.entities if e not in b.words} | {e for e in b.entities if e not in a.words}
+        if missing:
+            return GuardVerdict(False, "entities")
+        return GuardVerdict(True)
+
+    def compatible(self, a: str, b: str) -> GuardVerdict:
+        return self.check(extract_features(a), extract_features(b))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cache
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SemanticCacheStats:
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0  # Redis unreachable/slow/failing, or skipped while the breaker is open
+    corrupt: int = 0  # entries that failed validation (deleted)
+    uncacheable: int = 0  # temperature > 0 without a seed
+    guard_rejections: int = 0  # candidates above the threshold that the guard or signature turned down
+    stores: int = 0
+    evictions: int = 0
+
+
+@dataclass(frozen=True)
+class SemanticHit:
+    prompt: str  # the stored question that matched
+    answer: str  # its completion (generated text only)
+    score: float  # cosine similarity
+    entry_id: str
+
+    def output_text(self, prompt: str, params: EngineRequestParams) -> str:
+        """What the client should receive: the current prompt in front unless it asked to exclude it."""
+        return self.answer if params.exclude_input_in_output else prompt + self.answer
+
+
+@dataclass
+class _TenantMatrix:
+    version: bytes | None
+    ids: list[str]
+    prompts: list[str]
+    answers: list[str]
+    sigs: list[str]
+    created: np.ndarray
+    matrix: np.ndarray  # (n, dim) float32, unit rows
+    features: dict[int, QuestionFeatures] = field(default_factory=dict)  # filled lazily
+
+
+class SemanticResponseCache:
+    def __init__(
+        self,
+        redis_url: str,
+        fingerprint: str,
+        embedder: Embedder,
+        threshold: float = DEFAULT_THRESHOLD,
+        max_entries_per_tenant: int = 10000,
+        ttl_s: int = 86400,
+        timeout_s: float = 0.1,
+        use_guard: bool = True,
+        max_cached_tenants: int = 64,
+        dim: int = 384,
+        breaker: CircuitBreaker | None = None,
+    ):
+        """``use_guard=False`` exists for the benchmark's ablation only; never serve without it."""
+        import redis
+
+        self.fingerprint = fingerprint
+        self.embedder = embedder
+        self.threshold = float(threshold)
+        self.max_entries = int(max_entries_per_tenant)
+        self.ttl_s = int(ttl_s)
+        self.use_guard = use_guard
+        self.dim = dim
+        self.guard = QuestionGuard()
+        self.client = make_redis_client(redis_url, timeout_s)
+        self._redis_errors = (redis.RedisError, OSError)
+        self._store_script = self.client.register_script(_STORE_SCRIPT)
+        self._delete_script = self.client.register_script(_DELETE_SCRIPT)
+        self.breaker = breaker or CircuitBreaker()
+        self.stats = SemanticCacheStats()
+        self._lock = threading.Lock()
+        self._matrices: OrderedDict[str, _TenantMatrix] = OrderedDict()
+        self._max_cached_tenants = max_cached_tenants
+
+    # -- keys and records ------------------------------------------------------------------------
+
+    def _keys(self, tenant: str) -> list[str]:
+        p = f"{KEY_PREFIX}:{self.fingerprint}:{tenant_tag(tenant)}"
+        return [f"{p}:emb", f"{p}:doc", f"{p}:age", f"{p}:ver"]
+
+    @staticmethod
+    def signature(params: EngineRequestParams) -> str:
+        """Parameters that change the completion (exclude_input_in_output does not: see output_text)."""
+        sig = sampling_signature(params)
+        sig.pop("exclude_input_in_output")
+        return hashlib.sha256(canonical_json(sig)).hexdigest()[:32]
+
+    @staticmethod
+    def _checksum(
+        entry_id: str, tenant: str, prompt: str, answer: str, sig: str, created: float, emb: bytes
+    ) -> str:
+        head = canonical_json([entry_id, tenant, prompt, answer, sig, created])
+        return sha256_hex(head, emb)
+
+    # -- public API ------------------------------------------------------------------------------
+
+    def store(
+        self,
+        prompt: str,
+        tenant: str,
+        params: EngineRequestParams,
+        answer: str,
+        embedding: np.ndarray | None = None,
+    ) -> bool:
+        if not is_deterministic(params):
+            self._count("uncacheable")
+            return False
+        if not self.breaker.allow():
+            self._count("errors")
+            return False
+        vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
+        emb = vec.astype("<f4").tobytes()
+        sig = self.signature(params)
+        entry_id = hashlib.sha256(canonical_json([sig, prompt])).hexdigest()[:24]
+        created = round(time.time(), 3)
+        doc = {
+            "v": FORMAT_VERSION,
+            "tenant": tenant,
+            "prompt": prompt,
+            "answer": answer,
+            "sig": sig,
+            "created": created,
+            "sum": self._checksum(entry_id, tenant, prompt, answer, sig, created, emb),
+        }
+        try:
+            evicted = self._store_script(
+                keys=self._keys(tenant),
+                args=[
+                    entry_id,
+                    emb,
+                    canonical_json(doc),
+                    created,
+                    self.ttl_s,
+                    self.max_entries,
+                    created - self.ttl_s,
+                ],
+            )
+        except self._redis_errors:
+            self._fail()
+            return False
+        self.breaker.success()
+        self._count("stores")
+        self._count("evictions", int(evicted or 0))
+        return True
+
+    def lookup(
+        self,
+        prompt: str,
+        tenant: str,
+        params: EngineRequestParams,
+        embedding: np.ndarray | None = None,
+        threshold: float | None = None,
+    ) -> SemanticHit | None:
+        """The best entry of this tenant with cosine >= threshold, the same signature and a guard pass."""
+        if not is_deterministic(params):
+            self._count("uncacheable")
+            return None
+        if not self.breaker.allow():
+            self._count("errors")
+            return None
+        tm = self._tenant_matrix(tenant)
+        if tm is None:
+            return None
+        if not tm.ids:
+            self._count("misses")
+            return None
+        vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
+        limit = self.threshold if threshold is None else float(threshold)
+        scores = tm.matrix @ vec
+        fresh = tm.created >= time.time() - self.ttl_s
+        order = [int(i) for i in np.argsort(-scores) if scores[i] >= limit and fresh[i]]
+        sig = self.signature(params)
+        query_features: QuestionFeatures | None = None
+        for i in order:
+            if tm.sigs[i] != sig:
+                continue
+            if self.use_guard:
+                if query_features is None:
+                    query_features = extract_features(prompt)
+                feats = tm.features.get(i)
+                if feats is None:
+                    feats = tm.features[i] = extract_features(tm.prompts[i])
+                if not self.guard.check(query_features, feats).ok:
+                    self._count("guard_rejections")
+                    continue
+            self._count("hits")
+            return SemanticHit(tm.prompts[i], tm.answers[i], float(scores[i]), tm.ids[i])
+        self._count("misses")
+        return None
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return asdict(self.stats)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except self._redis_errors:
+            pass
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _embed(self, text: str) -> np.ndarray:
+        return self._normalize(self.embedder.embed([text])[0])
+
+    def _normalize(self, v: np.ndarray) -> np.ndarray:
+        v = np.asarray(v, dtype=np.float32).reshape(-1)
+        if v.shape[0] != self.dim:
+            raise ValueError(f"embedding has {v.shape[0]} dimensions, this cache holds {self.dim}")
+        n = float(np.linalg.norm(v))
+        return v / n if n > 0 else v
+
+    def _tenant_matrix(self, tenant: str) -> _TenantMatrix | None:
+        """The tenant's entries, from memory when Redis's version stamp has not moved; None on errors."""
+        keys = self._keys(tenant)
+        try:
+            version = self.client.get(keys[3])
+        except self._redis_errors:
+            self._fail()
+            return None
+        with self._lock:
+            cached = self._matrices.get(tenant)
+            if cached is not None and cached.version == version:
+                self._matrices.move_to_end(tenant)
+                self.breaker.success()
+                return cached
+        try:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(keys[3])
+                pipe.hgetall(keys[0])
+                pipe.hgetall(keys[1])
+                version, embs, docs = pipe.execute()
+        except self._redis_errors:
+            self._fail()
+            return None
+        self.breaker.success()
+        tm, bad = self._build_matrix(tenant, version, embs, docs)
+        if bad:
+            self._count("corrupt", len(bad))
+            try:
+                tm.version = str(int(self._delete_script(keys=keys, args=bad))).encode()
+            except self._redis_errors:
+                self._fail()
+                tm.version = None  # re-read next time
+        with self._lock:
+            self._matrices[tenant] = tm
+            self._matrices.move_to_end(tenant)
+            while len(self._matrices) > self._max_cached_tenants:
+                self._matrices.popitem(last=False)
+        return tm
+
+    def _build_matrix(
+        self, tenant: str, version: bytes | None, embs: dict, docs: dict
+    ) -> tuple[_TenantMatrix, list[str]]:
+        ids, prompts, answers, sigs, created, rows, bad = [], [], [], [], [], [], []
+        for raw_id in set(embs) | set(docs):
+            entry_id = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else str(raw_id)
+            emb, raw_doc = embs.get(raw_id), docs.get(raw_id)
+            record = self._validate(entry_id, tenant, emb, raw_doc)
+            if record is None:
+                bad.append(entry_id)
+                continue
+            ids.append(entry_id)
+            prompts.append(record["prompt"])
+            answers.append(record["answer"])
+            sigs.append(record["sig"])
+            created.append(float(record["created"]))
+            rows.append(np.frombuffer(emb, dtype="<f4"))
+        matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self.dim), np.float32)
+        tm = _TenantMatrix(version, ids, prompts, answers, sigs, np.asarray(created, np.float64), matrix)
+        return tm, bad
+
+    def _validate(self, entry_id: str, tenant: str, emb: bytes | None, raw_doc: bytes | None) -> dict | None:
+        if emb is None or raw_doc is None or len(emb) != self.dim * 4:
+            return None
+        try:
+            doc = json.loads(raw_doc.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION or doc.get("tenant") != tenant:
+            return None
+        fields = (doc.get("prompt"), doc.get("answer"), doc.get("sig"))
+        if not all(isinstance(f, str) for f in fields) or not isinstance(doc.get("created"), (int, float)):
+            return None
+        expected = self._checksum(entry_id, tenant, *fields, doc["created"], emb)
+        if doc.get("sum") != expected or not np.all(np.isfinite(np.frombuffer(emb, dtype="<f4"))):
+            return None
+        return doc
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def _fail(self) -> None:
+        self.breaker.failure()
+        self._count("errors")
