@@ -206,8 +206,16 @@ class AdmissionController:
                 f"tier {tier.name!r} request refused: its queue is full ({queued}/{limit} queued); "
                 f"predicted first token in {predicted:.3f} s; {context}; retry in {retry:.1f} s"
             )
-            return Decision(False, tier.name, "queue-full", predicted, budget_s, threshold, retry,
-                            RequestError.unavailable(message))
+            return Decision(
+                False,
+                tier.name,
+                "queue-full",
+                predicted,
+                budget_s,
+                threshold,
+                retry,
+                RequestError.unavailable(message),
+            )
         if predicted <= budget_s:
             return Decision(True, tier.name, "admitted", predicted, budget_s, threshold)
         if not tier.sheddable:
@@ -218,8 +226,16 @@ class AdmissionController:
             f"budget of {max(budget_s, 0.0):.3f} s (TTFT target {tier.ttft_target_ms:g} ms x admission "
             f"threshold {threshold:.2f}); {context}; retry in {retry:.1f} s"
         )
-        return Decision(False, tier.name, "deadline", predicted, budget_s, threshold, retry,
-                        RequestError.unavailable(message))
+        return Decision(
+            False,
+            tier.name,
+            "deadline",
+            predicted,
+            budget_s,
+            threshold,
+            retry,
+            RequestError.unavailable(message),
+        )
 
     def _retry(self, seconds: float) -> float:
         """A retry hint: when the backlog that is in the way should have drained, rounded up to 0.1 s."""

@@ -148,12 +148,17 @@ class FeedbackController:
                 self._gains[tier.name] = min(self.gain, gain * 1.25)
             self._last_sign[tier.name] = sign
             self._weights[tier.name] = new
-            events.append(Adaptation(
-                tier.name, "weight", old, new,
-                f"observed {value:.1f} ms vs target {tier.ttft_target_ms:g} ms (ratio {ratio:.2f}, "
-                f"gain {gain:.3f}, {obs.count if obs else 0} samples)",
-                now_ns,
-            ))
+            events.append(
+                Adaptation(
+                    tier.name,
+                    "weight",
+                    old,
+                    new,
+                    f"observed {value:.1f} ms vs target {tier.ttft_target_ms:g} ms (ratio {ratio:.2f}, "
+                    f"gain {gain:.3f}, {obs.count if obs else 0} samples)",
+                    now_ns,
+                )
+            )
         events.extend(self._update_thresholds(now_ns))
         self.last_events = tuple(events)
         if self.on_event is not None:
@@ -180,10 +185,16 @@ class FeedbackController:
             old = self._thresholds[tier.name]
             if abs(new - old) > 1e-9:
                 self._thresholds[tier.name] = new
-                events.append(Adaptation(
-                    tier.name, "threshold", old, new,
-                    f"weight {self._weights[tier.name]:.3f} vs largest weight above {max(above):.3f}"
-                    if above else "top tier",
-                    now_ns,
-                ))
+                events.append(
+                    Adaptation(
+                        tier.name,
+                        "threshold",
+                        old,
+                        new,
+                        f"weight {self._weights[tier.name]:.3f} vs largest weight above {max(above):.3f}"
+                        if above
+                        else "top tier",
+                        now_ns,
+                    )
+                )
         return events

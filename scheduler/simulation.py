@@ -188,8 +188,9 @@ def simulate(
             arrival, record = arrivals[i], records[i]
             tier = tiers.get(arrival.tier)
             if admission is not None:
-                decision = admission.check(tier.name, arrival.prompt_tokens, load(), clock.now,
-                                           arrival_ns=arrival.at_ns)
+                decision = admission.check(
+                    tier.name, arrival.prompt_tokens, load(), clock.now, arrival_ns=arrival.at_ns
+                )
                 if decision.error is not None:
                     record.rejected, record.reason = True, decision.reason
                     record.message = decision.error.message
@@ -201,9 +202,16 @@ def simulate(
                 "full": (tier.priority, arrival.at_ns + tier.ttft_target_ns),
             }[policy]
             try:
-                queue.push(i, priority, deadline, key=i, expires_ns=arrival.at_ns + tier.max_queue_ns,
-                           tenant=arrival.tenant, cost=arrival.prompt_tokens + arrival.output_tokens,
-                           now_ns=arrival.at_ns)
+                queue.push(
+                    i,
+                    priority,
+                    deadline,
+                    key=i,
+                    expires_ns=arrival.at_ns + tier.max_queue_ns,
+                    tenant=arrival.tenant,
+                    cost=arrival.prompt_tokens + arrival.output_tokens,
+                    now_ns=arrival.at_ns,
+                )
             except RequestError as exc:
                 record.rejected, record.reason, record.message = True, "queue-full", exc.message
                 continue
@@ -215,7 +223,8 @@ def simulate(
         while feedback is not None and clock.now >= next_feedback:
             observed = {
                 t.name: TierObservation(len(window[t.name]), percentile(window[t.name], t.percentile))
-                for t in tiers if window[t.name]
+                for t in tiers
+                if window[t.name]
             }
             feedback.update(observed, next_feedback)
             feedback.apply_to(queue, admission)

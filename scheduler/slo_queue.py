@@ -455,8 +455,11 @@ class SloQueue(Generic[T]):
             del bucket.by_tenant[lane]
             self._forget_if_behind(bucket, lane)
         elif len(bucket.by_tenant[lane]) > 2 * bucket.tenant_live[lane] + 16:
-            heap = [(e.deadline_ns, e.seq, e) for e in self._live.values()
-                    if e.priority == entry.priority and self._lane(e.tenant) == lane]
+            heap = [
+                (e.deadline_ns, e.seq, e)
+                for e in self._live.values()
+                if e.priority == entry.priority and self._lane(e.tenant) == lane
+            ]
             heapq.heapify(heap)
             bucket.by_tenant[lane] = heap
         if bucket.live == 0:
