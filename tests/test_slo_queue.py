@@ -238,3 +238,39 @@ def test_tenant_weight_from_load_figures() -> None:
         tenant_weight(1.0, 1.0, 2.0, target_ms=1.0)
     with pytest.raises(ValueError):
         SloQueue(TIERS).set_tenant_weight("t", 0.0)
+
+
+def test_random_churn_with_tenants_and_aging_loses_nothing() -> None:
+    """Pushes, pops, cancels and expiries across tiers and tenants: every item leaves exactly once."""
+    rng = random.Random(11)
+    clock = FakeClock()
+    queue: SloQueue[int] = SloQueue(TIERS, aging_ns=50 * MS, max_len=500, clock=clock)
+    pushed, left = set(), []
+    for step in range(20_000):
+        clock.now += rng.randint(0, 3) * MS
+        op = rng.random()
+        if op < 0.5:
+            try:
+                queue.push(
+                    step,
+                    rng.randint(1, 4),
+                    clock.now + rng.randint(0, 500) * MS,
+                    key=step,
+                    tenant=f"t{rng.randint(0, 30)}",
+                    cost=rng.uniform(1, 500),
+                    expires_ns=clock.now + 400 * MS if rng.random() < 0.3 else None,
+                )
+                pushed.add(step)
+            except QueueFull:
+                pass
+        elif op < 0.85 and queue:
+            assert queue.peek() == (item := queue.pop())
+            left.append(item)
+        elif op < 0.95:
+            key = rng.randint(0, step)
+            if queue.remove(key) is not None:
+                left.append(key)
+        else:
+            left.extend(e.key for e in queue.pop_expired(clock.now))
+    left.extend(drain(queue))  # type: ignore[arg-type]
+    assert sorted(left) == sorted(pushed)
