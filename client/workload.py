@@ -233,3 +233,32 @@ def export_perf_analyzer_json(requests: Sequence[PlannedRequest], path: str | Pa
     payload = {"data": [perf_analyzer_entry(r) for r in requests]}
     path.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
+
+
+@dataclass(frozen=True)
+class ProfiledRequest:
+    """One request from perf_analyzer's --profile-export-file, times in seconds."""
+
+    ttft_s: float
+    total_s: float
+    responses: int
+
+
+def read_perf_analyzer_profile(path: str | Path) -> list[ProfiledRequest]:
+    """TTFT and total time per request from perf_analyzer's --profile-export-file (all experiments).
+
+    Why: for this decoupled ensemble perf_analyzer 2.50's printed "latency" is the whole request (first
+    request to last response), not time to first token; its profile export keeps every response's
+    timestamp (ns), so TTFT = first response - request timestamp, comparable with client.load's TTFT.
+    """
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return [
+        ProfiledRequest(
+            (r["response_timestamps"][0] - r["timestamp"]) / 1e9,
+            (r["response_timestamps"][-1] - r["timestamp"]) / 1e9,
+            len(r["response_timestamps"]),
+        )
+        for experiment in data["experiments"]
+        for r in experiment["requests"]
+        if r["response_timestamps"]
+    ]

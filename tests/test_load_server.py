@@ -30,6 +30,7 @@ from client.workload import (
     TierMix,
     Workload,
     export_perf_analyzer_json,
+    read_perf_analyzer_profile,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +149,8 @@ def test_perf_analyzer_accepts_the_exported_plan(
     data = export_perf_analyzer_json(tiny_plan, tmp_path / "plan.json")
     env = {**os.environ, "LD_LIBRARY_PATH": ":".join(filter(None, [libs, os.environ.get("LD_LIBRARY_PATH")]))}
     command = [binary, "-m", "llm", "-i", "grpc", "--streaming", "-u", grpc_url, "--input-data", str(data),
-               "--concurrency-range", "2", "--request-count", "12"]  # fmt: skip
+               "--concurrency-range", "2", "--request-count", "12",
+               "--profile-export-file", str(tmp_path / "profile.json")]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
@@ -156,3 +158,6 @@ def test_perf_analyzer_accepts_the_exported_plan(
         r"Server:\s+Inference count: \d+\s+Execution count: \d+\s+Successful request count: (\d+)", output
     )
     assert served and int(served.group(1)) >= 12, output[-3000:]
+    profiled = read_perf_analyzer_profile(tmp_path / "profile.json")
+    assert len(profiled) >= 12
+    assert all(0 < p.ttft_s <= p.total_s < 30 and p.responses >= 2 for p in profiled)  # max_tokens >= 2
