@@ -1,0 +1,142 @@
+"""Exact response cache against a real redis-server (tests/conftest.py ``redis_server``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+
+import pytest
+import redis
+
+from cache.response_cache import CircuitBreaker, ExactResponseCache, is_deterministic
+from deploy.launch import find_free_port
+from scheduler.messages import EngineRequestParams
+
+PROMPT = [1, 15, 27, 99, 3]
+
+
+@pytest.fixture
+def cache(redis_server):
+    c = ExactResponseCache(redis_server, fingerprint=f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    yield c
+    c.close()
+
+
+def test_roundtrip_and_stats(cache):
+    params = EngineRequestParams(max_tokens=8)
+    assert cache.get(PROMPT, params) is None
+    assert cache.put(PROMPT, params, "hello world")
+    assert cache.get(PROMPT, params) == "hello world"
+    s = cache.snapshot()
+    assert (s["hits"], s["misses"], s["stores"], s["errors"]) == (1, 1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"max_tokens": 9},
+        {"temperature": 0.5, "seed": 1},
+        {"top_p": 0.9},
+        {"top_k": 5},
+        {"seed": 7},
+        {"stop": ("\n",)},
+        {"ignore_eos": True},
+        {"exclude_input_in_output": True},
+        {"tenant": "other"},
+    ],
+)
+def test_key_changes_with_every_sampling_parameter_and_tenant(cache, change):
+    base = EngineRequestParams(max_tokens=8, temperature=0.0)
+    assert cache.key(PROMPT, base) != cache.key(PROMPT, dataclasses.replace(base, **change))
+
+
+def test_key_ignores_fields_that_do_not_change_the_text(cache):
+    base = EngineRequestParams(max_tokens=8)
+    other = dataclasses.replace(base, stream=True, tier="critical", arrival_ns=123)
+    assert cache.key(PROMPT, base) == cache.key(PROMPT, other)
+    assert cache.key(PROMPT, base) != cache.key(PROMPT[:-1], base)
+
+
+def test_key_is_stable_across_instances(redis_server):
+    a = ExactResponseCache(redis_server, "fp")
+    b = ExactResponseCache(redis_server, "fp")
+    params = EngineRequestParams(max_tokens=4, stop=("x", "y"))
+    assert a.key(PROMPT, params) == b.key(tuple(PROMPT), params)
+    assert ExactResponseCache(redis_server, "fp2").key(PROMPT, params) != a.key(PROMPT, params)
+
+
+def test_sampling_without_seed_is_not_cacheable(cache):
+    sampled = EngineRequestParams(temperature=0.7)
+    assert not cache.cacheable(sampled) and not is_deterministic(sampled)
+    assert cache.cacheable(EngineRequestParams(temperature=0.7, seed=3))
+    assert cache.cacheable(EngineRequestParams(temperature=0.0))
+    assert cache.put(PROMPT, sampled, "x") is False
+    assert cache.get(PROMPT, sampled) is None
+    assert cache.snapshot()["uncacheable"] == 2
+
+
+def test_tenant_a_never_gets_tenant_b_entry(cache):
+    a = EngineRequestParams(tenant="a")
+    b = EngineRequestParams(tenant="b")
+    assert cache.put(PROMPT, a, "secret of a")
+    assert cache.get(PROMPT, b) is None
+    # even a value copied byte for byte under b's key is refused: the checksum covers the key
+    raw = cache.client.get(cache.key(PROMPT, a))
+    cache.client.set(cache.key(PROMPT, b), raw)
+    assert cache.get(PROMPT, b) is None
+    assert cache.snapshot()["corrupt"] == 1
+    assert cache.get(PROMPT, a) == "secret of a"
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda raw: raw[: len(raw) // 2],  # truncated
+        lambda raw: raw.replace(b"hello", b"HELLO"),  # flipped text, stale checksum
+        lambda raw: b"\x80\x04\x95 not json",  # a pickle-looking blob
+        lambda raw: json.dumps({**json.loads(raw), "v": 99}).encode(),  # unknown format version
+    ],
+)
+def test_corrupted_values_are_rejected_and_deleted(cache, mangle):
+    params = EngineRequestParams()
+    cache.put(PROMPT, params, "hello there")
+    key = cache.key(PROMPT, params)
+    cache.client.set(key, mangle(cache.client.get(key)))
+    assert cache.get(PROMPT, params) is None
+    assert cache.client.exists(key) == 0
+    assert cache.snapshot()["corrupt"] == 1
+
+
+def test_dead_redis_returns_misses_quickly():
+    port = find_free_port()  # nothing listens there
+    c = ExactResponseCache(f"redis://localhost:{port}/0", "fp", timeout_s=0.05)
+    params = EngineRequestParams()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        assert c.get(PROMPT, params) is None
+        assert c.put(PROMPT, params, "x") is False
+    assert time.perf_counter() - t0 < 1.0
+    assert c.snapshot()["errors"] == 100
+    assert c.breaker.is_open
+
+
+def test_slow_redis_times_out_and_breaker_recovers(redis_server):
+    now = [0.0]
+    breaker = CircuitBreaker(failures_to_open=2, cooldown_s=5.0, clock=lambda: now[0])
+    c = ExactResponseCache(redis_server, "fp-slow", timeout_s=0.05, breaker=breaker)
+    params = EngineRequestParams()
+    assert c.put(PROMPT, params, "cached")
+    admin = redis.Redis.from_url(redis_server)
+    admin.execute_command("CLIENT", "PAUSE", "400", "ALL")  # the server stops answering for 0.4 s
+    t0 = time.perf_counter()
+    assert c.get(PROMPT, params) is None
+    assert c.get(PROMPT, params) is None
+    assert c.get(PROMPT, params) is None  # breaker open: not even tried
+    assert time.perf_counter() - t0 < 0.4
+    assert breaker.is_open and c.snapshot()["errors"] == 3
+    time.sleep(0.5)
+    now[0] += 6.0  # past the cooldown: one probe goes through, succeeds, closes the breaker
+    assert c.get(PROMPT, params) == "cached"
+    assert not breaker.is_open

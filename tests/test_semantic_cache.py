@@ -1,0 +1,166 @@
+"""Semantic response cache against a real redis-server and the real all-MiniLM-L6-v2 embedder."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from cache.embedder import MiniLMEmbedder
+from cache.semantic_cache import QuestionGuard, SemanticResponseCache
+from deploy.launch import find_free_port
+from scheduler.messages import EngineRequestParams
+
+GREEDY = EngineRequestParams(max_tokens=32)
+QUESTION = "How do I reset my password?"
+PARAPHRASE = "I forgot my password, how can I set a new one?"
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return MiniLMEmbedder()
+
+
+@pytest.fixture
+def cache(redis_server, embedder):
+    c = SemanticResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", embedder, threshold=0.75)
+    yield c
+    c.close()
+
+
+def test_embedder_shape_norm_and_similarity(embedder):
+    v = embedder.embed([QUESTION, PARAPHRASE, "What is the capital of France?"])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > 0.8 > v[0] @ v[2]
+    assert embedder.embed([]).shape == (0, 384)
+
+
+def test_paraphrase_hits_and_negation_does_not(cache):
+    assert cache.store(QUESTION, "t1", GREEDY, " Open Settings > Security > Reset.")
+    hit = cache.lookup(PARAPHRASE, "t1", GREEDY)
+    assert hit is not None and hit.prompt == QUESTION and hit.score >= 0.75
+    assert hit.answer == " Open Settings > Security > Reset."
+    assert hit.output_text(PARAPHRASE, GREEDY) == PARAPHRASE + hit.answer
+    negated = "How do I not reset my password?"
+    assert (
+        cache.embedder.embed([negated])[0] @ cache.embedder.embed([QUESTION])[0] > 0.75
+    )  # cosine alone would hit
+    assert cache.lookup(negated, "t1", GREEDY) is None
+    assert cache.snapshot()["guard_rejections"] >= 1
+
+
+@pytest.mark.parametrize(
+    "stored, query",
+    [
+        ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?"),
+        ("How do I increase the font size?", "How do I decrease the font size?"),
+        ("Should I take this medicine before meals?", "Should I take this medicine after meals?"),
+        ("Is Python faster than Java?", "Is Java faster than Python?"),
+        ("Do I need a visa to visit Canada?", "Do I need a visa to visit Mexico?"),
+        ("Can I get a refund within 14 days?", "Can I get a refund within 30 days?"),
+        ("Is it safe to take ibuprofen with food?", "Is it safe to take ibuprofen without food?"),
+        ("How do I lock my screen?", "How do I unlock my screen?"),
+    ],
+)
+def test_guard_rejects_reversals_negations_and_other_entities(stored, query):
+    assert not QuestionGuard().compatible(stored, query).ok
+    assert not QuestionGuard().compatible(query, stored).ok
+
+
+@pytest.mark.parametrize(
+    "stored, query",
+    [
+        (QUESTION, PARAPHRASE),
+        ("How do I turn off notifications?", "How can I disable push notifications?"),
+        (
+            "Can I switch from monthly to annual billing?",
+            "Is it possible to change my billing from monthly to yearly?",
+        ),
+        ("My verification code never arrived.", "I didn't receive the confirmation code."),
+    ],
+)
+def test_guard_accepts_paraphrases(stored, query):
+    assert QuestionGuard().compatible(stored, query).ok
+
+
+def test_tenant_a_never_gets_tenant_b_entry(cache):
+    assert cache.store(QUESTION, "tenant-b", GREEDY, "b's answer")
+    assert cache.lookup(QUESTION, "tenant-a", GREEDY) is None
+    assert cache.lookup(PARAPHRASE, "tenant-a", GREEDY) is None
+    assert cache.lookup(QUESTION, "tenant-b", GREEDY).answer == "b's answer"
+    # b's records copied under a's keys fail the checksum (it covers the tenant) and are deleted
+    kb, ka = cache._keys("tenant-b"), cache._keys("tenant-a")
+    for src, dst in zip(kb[:3], ka[:3]):
+        cache.client.copy(src, dst)
+    cache.client.incr(ka[3])
+    assert cache.lookup(QUESTION, "tenant-a", GREEDY) is None
+    assert cache.snapshot()["corrupt"] == 1
+    assert cache.client.hlen(ka[1]) == 0
+
+
+def test_only_same_sampling_signature_and_deterministic_requests(cache):
+    assert cache.store(QUESTION, "t", GREEDY, "x")
+    assert cache.lookup(QUESTION, "t", EngineRequestParams(max_tokens=64)) is None
+    assert cache.lookup(QUESTION, "t", EngineRequestParams(max_tokens=32, stop=("\n",))) is None
+    sampled = EngineRequestParams(max_tokens=32, temperature=0.8)
+    assert cache.store(QUESTION, "t", sampled, "y") is False
+    assert cache.lookup(QUESTION, "t", sampled) is None
+    assert cache.snapshot()["uncacheable"] == 2
+    seeded = EngineRequestParams(max_tokens=32, temperature=0.8, seed=5)
+    assert cache.store(QUESTION, "t", seeded, "z")
+    assert cache.lookup(PARAPHRASE, "t", seeded).answer == "z"
+    # exclude_input_in_output does not change the completion: same entry, different output_text
+    excl = EngineRequestParams(max_tokens=32, exclude_input_in_output=True)
+    assert cache.lookup(PARAPHRASE, "t", excl).output_text(PARAPHRASE, excl) == "x"
+
+
+def test_corrupted_entries_are_rejected_and_deleted(cache):
+    cache.store(QUESTION, "t", GREEDY, "good answer")
+    cache.store("How do I track my package?", "t", GREEDY, "tracking answer")
+    emb_key, doc_key, _, ver_key = cache._keys("t")
+    victim = next(k for k, v in cache.client.hgetall(doc_key).items() if b"good answer" in v)
+    cache.client.hset(emb_key, victim, cache.client.hget(emb_key, victim)[:100])  # truncated vector
+    cache.client.incr(ver_key)
+    assert cache.lookup(PARAPHRASE, "t", GREEDY) is None
+    assert cache.snapshot()["corrupt"] == 1
+    assert not cache.client.hexists(doc_key, victim) and not cache.client.hexists(emb_key, victim)
+    assert cache.lookup("How can I track my package?", "t", GREEDY).answer == "tracking answer"
+
+
+def test_matrix_is_cached_until_the_version_moves(cache):
+    cache.store(QUESTION, "t", GREEDY, "a1")
+    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "a1"
+    first = cache._matrices["t"]
+    assert cache.lookup(PARAPHRASE, "t", GREEDY) is not None
+    assert cache._matrices["t"] is first  # not re-read
+    cache.store("How do I track my package?", "t", GREEDY, "a2")
+    cache.lookup(PARAPHRASE, "t", GREEDY)
+    assert cache._matrices["t"] is not first and len(cache._matrices["t"].ids) == 2
+
+
+def test_max_entries_per_tenant_evicts_oldest(redis_server, embedder):
+    c = SemanticResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", embedder, max_entries_per_tenant=2)
+    for i, q in enumerate(
+        ["How do I reset my password?", "How do I track my package?", "Is there a dark mode?"]
+    ):
+        assert c.store(q, "t", GREEDY, f"ans{i}")
+        time.sleep(0.01)
+    assert c.client.hlen(c._keys("t")[1]) == 2
+    assert c.snapshot()["evictions"] == 1
+    assert c.lookup(QUESTION, "t", GREEDY) is None
+
+
+def test_dead_redis_returns_no_hit_quickly(embedder):
+    c = SemanticResponseCache(f"redis://localhost:{find_free_port()}/0", "fp", embedder, timeout_s=0.05)
+    vec = embedder.embed([QUESTION])[0]
+    t0 = time.perf_counter()
+    for _ in range(20):
+        assert c.lookup(QUESTION, "t", GREEDY, embedding=vec) is None
+        assert c.store(QUESTION, "t", GREEDY, "x", embedding=vec) is False
+    assert time.perf_counter() - t0 < 1.0
+    assert c.snapshot()["errors"] == 40
