@@ -36,10 +36,12 @@ from client.workload import (
     CorpusPrompts,
     LengthDistribution,
     PlannedRequest,
+    ProfiledRequest,
     TenantSkew,
     TierMix,
     Workload,
     export_perf_analyzer_json,
+    read_perf_analyzer_profile,
 )
 
 REJECTION_PATTERN = re.compile(r"\bunavailable\b|\bretry\b|\boverload|\bshed", re.IGNORECASE)
@@ -197,6 +199,21 @@ def _drain(
             wait_s = max(0.0, min(wait_s, deadline - time.perf_counter()))
 
 
+def records_from_profile(profiled: Sequence[ProfiledRequest]) -> dict[str, list[RequestRecord]]:
+    """perf_analyzer's profiled requests as records, per experiment (e.g. 'concurrency=2'), so the same
+    `summarize` table compares its closed-loop run with an open-loop one. It exports only requests that
+    got responses, and no send schedule: send/planned times are 0."""
+    out: dict[str, list[RequestRecord]] = {}
+    for p in profiled:
+        tpot = (p.total_s - p.ttft_s) / (p.output_pieces - 1) if p.output_pieces > 1 else None
+        rows = out.setdefault(p.experiment, [])
+        rows.append(
+            RequestRecord(len(rows), p.tier, p.tenant, 0.0, 0.0, 0, 0, "ok", p.ttft_s, tpot, p.total_s,
+                          p.output_pieces)
+        )  # fmt: skip
+    return out
+
+
 # ------------------------------------------------------------------------------------------ summary
 
 
@@ -341,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the plan as perf_analyzer --input-data JSON")  # fmt: skip
     p.add_argument("--export-only", action="store_true", help="write the export and exit without sending")
     p.add_argument("--records", type=Path, metavar="PATH", help="write one JSON line per request here")
+    p.add_argument("--summarize-perf-analyzer", type=Path, metavar="PROFILE",
+                   help="print per-tier tables of a perf_analyzer --profile-export-file; exit")  # fmt: skip
     return p
 
 
@@ -359,12 +378,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     args = build_parser().parse_args(argv)
     try:
         targets = parse_targets(args.targets) if args.targets else default_targets(args.device)
+        if args.summarize_perf_analyzer:
+            profiled = read_perf_analyzer_profile(args.summarize_perf_analyzer)
+            for experiment, records in records_from_profile(profiled).items():
+                out.write(f"perf_analyzer {experiment}:\n{summary_table(summarize(records, targets))}\n")
+            return 0
         duration = args.duration if args.duration is not None or args.count is not None else 30.0
         times = arrival_times(
             args.arrivals, args.rate, duration_s=duration, count=args.count, cv=args.cv, seed=args.seed
         )
         planned = workload_from_args(args).generate(times, seed=args.seed)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         err.write(f"error: {exc}\n")
         return 2
     span = float(times[-1]) if times.size else 0.0

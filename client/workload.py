@@ -237,11 +237,16 @@ def export_perf_analyzer_json(requests: Sequence[PlannedRequest], path: str | Pa
 
 @dataclass(frozen=True)
 class ProfiledRequest:
-    """One request from perf_analyzer's --profile-export-file, times in seconds."""
+    """One request from perf_analyzer's --profile-export-file, times in seconds. `experiment` is e.g.
+    'concurrency=2'; tier and tenant come from the inputs perf_analyzer sent ('' when absent)."""
 
+    experiment: str
+    tier: str
+    tenant: str
     ttft_s: float
     total_s: float
     responses: int
+    output_pieces: int
 
 
 def read_perf_analyzer_profile(path: str | Path) -> list[ProfiledRequest]:
@@ -249,16 +254,28 @@ def read_perf_analyzer_profile(path: str | Path) -> list[ProfiledRequest]:
 
     Why: for this decoupled ensemble perf_analyzer 2.50's printed "latency" is the whole request (first
     request to last response), not time to first token; its profile export keeps every response's
-    timestamp (ns), so TTFT = first response - request timestamp, comparable with client.load's TTFT.
+    timestamp (ns) and the inputs sent, so TTFT = first response - request timestamp, per tier,
+    comparable with client.load's TTFT.
     """
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return [
-        ProfiledRequest(
-            (r["response_timestamps"][0] - r["timestamp"]) / 1e9,
-            (r["response_timestamps"][-1] - r["timestamp"]) / 1e9,
-            len(r["response_timestamps"]),
-        )
-        for experiment in data["experiments"]
-        for r in experiment["requests"]
-        if r["response_timestamps"]
-    ]
+    out = []
+    for experiment in data["experiments"]:
+        label = f"{experiment['experiment']['mode']}={experiment['experiment']['value']}"
+        for r in experiment["requests"]:
+            stamps = r["response_timestamps"]
+            if not stamps:
+                continue
+            inputs = r.get("request_inputs", {})
+            pieces = sum(1 for o in r.get("response_outputs", []) if o.get("text_output"))
+            out.append(
+                ProfiledRequest(
+                    label,
+                    str(inputs.get("slo_tier", "")),
+                    str(inputs.get("tenant", "")),
+                    (stamps[0] - r["timestamp"]) / 1e9,
+                    (stamps[-1] - r["timestamp"]) / 1e9,
+                    len(stamps),
+                    pieces,
+                )  # fmt: skip
+            )
+    return out

@@ -18,6 +18,7 @@ from client.load import (
     RequestRecord,
     is_rejection,
     record_from_result,
+    records_from_profile,
     run_load,
     summarize,
     summary_table,
@@ -161,3 +162,8 @@ def test_perf_analyzer_accepts_the_exported_plan(
     profiled = read_perf_analyzer_profile(tmp_path / "profile.json")
     assert len(profiled) >= 12
     assert all(0 < p.ttft_s <= p.total_s < 30 and p.responses >= 2 for p in profiled)  # max_tokens >= 2
+    by_experiment = records_from_profile(profiled)
+    assert list(by_experiment) == ["concurrency=2"]
+    records = by_experiment["concurrency=2"]
+    assert {r.tier for r in records} <= {p.tier for p in tiny_plan} and all(r.tenant for r in records)
+    assert summarize(records, {})[-1].count == len(profiled)
