@@ -467,7 +467,9 @@ class SemanticResponseCache:
     # -- keys and records ------------------------------------------------------------------------
 
     def _keys(self, tenant: str) -> list[str]:
-        p = f"{KEY_PREFIX}:{self.fingerprint}:{tenant_tag(tenant)}"
+        # one hash tag per (model, tenant): the store/delete scripts touch all four keys, which Redis
+        # Cluster allows only within one slot
+        p = f"{KEY_PREFIX}:{{{self.fingerprint}:{tenant_tag(tenant)}}}"
         return [f"{p}:emb", f"{p}:doc", f"{p}:age", f"{p}:ver"]
 
     @staticmethod
