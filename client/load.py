@@ -41,6 +41,7 @@ from client.workload import (
     TierMix,
     Workload,
     export_perf_analyzer_json,
+    export_request_intervals,
     read_perf_analyzer_profile,
 )
 
@@ -356,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="tokenizer for prompt lengths")
     p.add_argument("--export-perf-analyzer", type=Path, metavar="PATH",
                    help="also write the plan as perf_analyzer --input-data JSON")  # fmt: skip
+    p.add_argument("--export-intervals", type=Path, metavar="PATH",
+                   help="also write the arrival gaps for perf_analyzer --request-intervals")  # fmt: skip
     p.add_argument("--export-only", action="store_true", help="write the export and exit without sending")
     p.add_argument("--records", type=Path, metavar="PATH", help="write one JSON line per request here")
     p.add_argument("--summarize-perf-analyzer", type=Path, metavar="PROFILE",
@@ -399,6 +402,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     if args.export_perf_analyzer:
         path = export_perf_analyzer_json(planned, args.export_perf_analyzer)
         out.write(f"perf_analyzer input data: {path} ({len(planned)} entries)\n")
+    if args.export_intervals and planned:
+        path = export_request_intervals(planned, args.export_intervals)
+        out.write(f"perf_analyzer request intervals: {path} ({len(planned)} gaps, microseconds)\n")
     if args.export_only or not planned:
         return 0
 

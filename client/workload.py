@@ -235,6 +235,19 @@ def export_perf_analyzer_json(requests: Sequence[PlannedRequest], path: str | Pa
     return path
 
 
+def export_request_intervals(requests: Sequence[PlannedRequest], path: str | Path) -> Path:
+    """Write the plan's arrival gaps for perf_analyzer's --request-intervals (microseconds, one a line,
+    at least 1): with the --input-data export, perf_analyzer replays the same arrivals open loop."""
+    times = np.array(sorted(r.at_s for r in requests), dtype=np.float64)
+    if times.size == 0:
+        raise ValueError("no requests to export; perf_analyzer needs at least one interval")
+    gaps_us = np.maximum(1, np.rint(np.diff(times, prepend=0.0) * 1e6)).astype(np.int64)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{g}\n" for g in gaps_us), encoding="utf-8")
+    return path
+
+
 @dataclass(frozen=True)
 class ProfiledRequest:
     """One request from perf_analyzer's --profile-export-file, times in seconds. `experiment` is e.g.
