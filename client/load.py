@@ -194,10 +194,9 @@ def _drain(
             on_progress(LoadProgress(now - start, planned, len(sent), in_flight))
         if in_flight == 0 or now >= deadline:
             return
-        wait_s = min(progress_every_s, deadline - now)
-        for session in sessions.values():  # wait on each in turn; the first one absorbs most of the wait
-            session.wait(timeout_s=wait_s)
-            wait_s = max(0.0, min(wait_s, deadline - time.perf_counter()))
+        tick_end = now + min(progress_every_s, deadline - now)
+        for session in sessions.values():  # wait on each in turn until the next progress tick
+            session.wait(timeout_s=max(0.0, tick_end - time.perf_counter()))
 
 
 def records_from_profile(profiled: Sequence[ProfiledRequest]) -> dict[str, list[RequestRecord]]:
