@@ -50,6 +50,10 @@ class EngineConfig:
     min_batch_size: int = 2
     warmup_budget_s: float = 0.0
     cuda_graphs: bool = True
+    tiers_file: str = ""
+    queue_policy: str = "slo"
+    max_queued: int = 256
+    admission_control: bool = True
     prefix_cache_blocks: int = 256
     prefix_block_size: int = 16
     prefill_templates: str = ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,12 +19,14 @@ import torch
 from engine.model_runner import ModelRunner
 from engine.observer import EngineObserver, EngineStats
 from engine.prefix_cache import PrefixCache
+from engine.queueing import Ewma, PolicyQueue
 from engine.requests import EngineRequest
 from engine.sampling import Sampler, pick_tokens
 from engine.stop_strings import StopMatcher
 from engine.traffic_recorder import TrafficRecorder
 from scheduler.errors import RequestError
-from scheduler.priority import AdmissionQueue
+from scheduler.admission import AdmissionController, EngineLoad
+from scheduler.tiers import TierTable
 
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
 
@@ -54,6 +57,11 @@ class Engine:
         prompt_buckets: tuple[int, ...],
         observer: EngineObserver | None = None,
         cancelled_elsewhere: Callable[[], set[str]] | None = None,
+        *,
+        tiers: TierTable | None = None,
+        queue_policy: str = "slo",
+        max_queued: int | None = None,
+        admission: AdmissionController | None = None,
     ):
         self.runner = runner
         self.token_bytes = token_bytes
@@ -63,7 +71,13 @@ class Engine:
         self.cancelled_elsewhere = cancelled_elsewhere or set
         self.stats = EngineStats()
         self.ready = False
-        self._queue: AdmissionQueue[EngineRequest] = AdmissionQueue()
+        self.tiers = tiers or TierTable.defaults()
+        self.policy_queue = PolicyQueue(queue_policy, self.tiers, max_queued)
+        self._queue = self.policy_queue.queue
+        self.admission = admission
+        self.prefill_rate = Ewma()
+        self.decode_step_s = Ewma()
+        self.output_tokens = Ewma()
         self._active: dict[int, _Active] = {}
         self._free = list(range(runner.slots - 1, -1, -1))
         self._lock = threading.Condition()
@@ -102,8 +116,34 @@ class Engine:
         with self._lock:
             if not self._accepting:
                 raise RequestError.unavailable("the engine is shutting down; retry on another replica")
-            self._queue.push(request, request.priority, request.deadline_ns, key=request.request_id)
+            if self.admission is not None:
+                arrival = request.params.arrival_ns or request.received_ns
+                decision = self.admission.check(
+                    request.params.tier, length, self._load_locked(), time.time_ns(), arrival_ns=arrival
+                )
+                decision.raise_if_rejected()
+            self.policy_queue.push(request)
             self._lock.notify()
+
+    def _load_locked(self) -> EngineLoad:
+        """The engine's state as admission control sees it (call with the lock held)."""
+        tokens: Counter[str] = Counter()
+        counts: Counter[str] = Counter()
+        for entry in self._queue.entries():
+            tokens[entry.item.params.tier] += len(entry.item.prompt_ids)
+            counts[entry.item.params.tier] += 1
+        active = list(self._active.values())
+        remaining = [s.request.params.max_tokens - len(s.output) for s in active]
+        return EngineLoad(
+            slots=self.runner.slots,
+            running_requests=len(active),
+            prefill_tokens_per_s=self.prefill_rate.get(5000.0),
+            decode_step_s=self.decode_step_s.get(0.02),
+            queued_prefill_tokens=tokens,
+            queued_requests=counts,
+            mean_remaining_decode_steps=sum(remaining) / len(remaining) if remaining else 0.0,
+            mean_output_tokens=self.output_tokens.get(32.0),
+        )
 
     def load(self) -> tuple[int, int]:
         with self._lock:
@@ -243,7 +283,9 @@ class Engine:
         self._active[slot] = state
         started = time.perf_counter()
         logits, reused = self.prefill(slot, request.prompt_ids, params.tenant)
-        token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]
+        token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]  # waits for the device
+        computed = len(request.prompt_ids) - reused
+        self.prefill_rate.update(computed / max(time.perf_counter() - started, 1e-6))
         self.stats.prefill_steps += 1
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
         self._accept_token(state, token)  # the first token leaves before any metrics round trip
@@ -281,6 +323,7 @@ class Engine:
         if len(states) > 1:
             self.stats.multi_request_decode_steps += 1
         seconds = time.perf_counter() - started
+        self.decode_step_s.update(seconds)
         for state in states:
             state.position += 1
             self._accept_token(state, tokens[state.slot])
@@ -325,6 +368,7 @@ class Engine:
         if notify:
             self._emit(state, final=True)
         self.stats.count_finish(status)
+        self.output_tokens.update(len(state.output))
         self.observer.on_finish(state.tier, status, len(state.output))
         self._release(state)
 

@@ -24,6 +24,8 @@ from engine.prefix_cache import PrefixCache
 from engine.observer import EngineObserver
 from engine.traffic_recorder import TrafficRecorder
 from engine.warmup import StageTiming, WarmupReport, run_warmup
+from scheduler.admission import AdmissionController
+from scheduler.tiers import TierTable
 from scheduler.warmup_planner import BucketPlan, plan_buckets, predict_reserve
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -133,6 +135,9 @@ def load_engine(
     runner = ModelRunner(model, plan.slots, max_len, buckets)
     runner.use_cuda_graphs = config.cuda_graphs and runner.device.type == "cuda"
     decoder = TokenDecoder.from_model_dir(model_dir)
+    tiers = (TierTable.load(config.tiers_file) if config.tiers_file else TierTable.defaults()).for_device(
+        config.device
+    )
     engine = Engine(
         runner,
         lambda token: decoder.raw_bytes([token]),
@@ -140,6 +145,12 @@ def load_engine(
         buckets,
         observer,
         cancelled_elsewhere,
+        tiers=tiers,
+        queue_policy=config.queue_policy,
+        max_queued=config.max_queued,
+        admission=AdmissionController(tiers, max_queued=config.max_queued)
+        if config.admission_control
+        else None,
     )
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
     fingerprint = model_fingerprint(model_dir, max_len) + f"|{config.dtype}|slot-kv-v1"

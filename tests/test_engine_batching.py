@@ -291,3 +291,38 @@ def test_a_failing_warmup_step_is_reported_and_left_to_lazy_warmup(model):
     engine.ready = True
     assert len(generate(engine, [1] * 20, max_tokens=2)) == 2
     assert engine.stats.new_shapes_after_ready == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("fifo", ["batch", "std-late", "std-early", "crit"]),
+        ("priority", ["crit", "std-late", "std-early", "batch"]),
+        ("edf", ["batch", "std-early", "std-late", "crit"]),
+        ("slo", ["crit", "std-early", "std-late", "batch"]),
+    ],
+)
+def test_queue_policies_order_the_same_arrivals_differently(model, policy, expected):
+    runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, queue_policy=policy)
+    order: list[str] = []
+
+    class OrderSink(RecordingSink):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def send(self, token_ids, read_offset, final, trim_bytes=0):
+            if not self.windows:
+                order.append(self.name)
+            super().send(token_ids, read_offset, final, trim_bytes)
+
+    engine.submit(request([1, 2], OrderSink("blocker"), rid="blocker", max_tokens=2))
+    engine.step()
+    arrivals = (("batch", 4, 10), ("std-late", 3, 900), ("std-early", 3, 100), ("crit", 1, 5000))
+    for received, (rid, priority, deadline) in enumerate(arrivals, start=1):
+        item = request([1, 2], OrderSink(rid), rid=rid, priority=priority, deadline=deadline, max_tokens=2)
+        item.received_ns = received
+        engine.submit(item)
+    run_until_idle(engine)
+    assert order == ["blocker", *expected]

@@ -1,0 +1,58 @@
+"""The engine's admission queue under a chosen policy, and the load figures admission control needs.
+
+A decoupled engine leaves Triton's own queue empty, so precedence is decided here. The policies
+exist side by side so the scheduler benchmark can compare them on the same arrivals:
+  fifo      arrival order
+  priority  tier precedence, arrival order within a tier (static priority, no aging)
+  edf       earliest first-token deadline, tiers ignored
+  slo       tier precedence with aging, EDF within a tier, per-tenant fair share (scheduler/slo_queue.py)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.requests import EngineRequest
+from scheduler.slo_queue import SloQueue
+from scheduler.tiers import TierTable
+
+POLICIES = ("fifo", "priority", "edf", "slo")
+
+
+@dataclass
+class Ewma:
+    """Exponentially weighted mean of a measured rate or duration; None until the first sample."""
+
+    alpha: float = 0.2
+    value: float | None = None
+
+    def update(self, sample: float) -> None:
+        self.value = sample if self.value is None else (1 - self.alpha) * self.value + self.alpha * sample
+
+    def get(self, default: float) -> float:
+        return default if self.value is None else self.value
+
+
+class PolicyQueue:
+    """One SloQueue configured per policy, with the push keys that policy orders by."""
+
+    def __init__(self, policy: str, tiers: TierTable, max_len: int | None):
+        if policy not in POLICIES:
+            raise ValueError(f"queue_policy={policy!r}; allowed: {', '.join(POLICIES)}")
+        self.policy = policy
+        full = policy == "slo"
+        self.queue: SloQueue[EngineRequest] = SloQueue(
+            tiers, aging_ns=None if full else 0, fair_share=full, max_len=max_len
+        )
+        self.flat_priority = tiers.default.priority
+
+    def push(self, request: EngineRequest) -> None:
+        priority, deadline = request.priority, request.deadline_ns
+        if self.policy in ("fifo", "edf"):
+            priority = self.flat_priority
+        if self.policy in ("fifo", "priority"):
+            deadline = request.received_ns
+        cost = len(request.prompt_ids) + request.params.max_tokens
+        self.queue.push(
+            request, priority, deadline, key=request.request_id, tenant=request.params.tenant, cost=cost
+        )
