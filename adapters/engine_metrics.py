@@ -66,6 +66,12 @@ class TritonEngineObserver(EngineObserver):
         self.prefill_items = family(
             "llm_engine_warmup_prefill_items", "Hot prefixes loaded before READY or deferred", family.GAUGE
         )
+        self.tier_control = family(
+            "llm_scheduler_tier_control", "Feedback-adapted tier weight and admission threshold", family.GAUGE
+        )
+        self.adaptations = family(
+            "llm_scheduler_adaptations_total", "Feedback adaptations per tier and kind", family.COUNTER
+        )
         self.ttft_hist = family(
             "llm_engine_ttft_seconds", "Engine-side time to first token per tier", family.HISTOGRAM
         )
@@ -127,6 +133,10 @@ class TritonEngineObserver(EngineObserver):
         if reused_tokens:
             self._metric(self.prefix_tokens, result="reused").increment(reused_tokens)
         self._metric(self.prefix_tokens, result="computed").increment(prompt_tokens - reused_tokens)
+
+    def on_adaptation(self, tier: str, kind: str, value: float) -> None:
+        self._metric(self.tier_control, tier=tier, kind=kind).set(value)
+        self._metric(self.adaptations, tier=tier, kind=kind).increment(1)
 
     def on_new_shape(self, kind: str, size: int) -> None:
         self._metric(self.new_shapes, kind=kind).increment(1)

@@ -54,6 +54,7 @@ class EngineConfig:
     queue_policy: str = "slo"
     max_queued: int = 256
     admission_control: bool = True
+    feedback_interval_s: float = 5.0
     prefix_cache_blocks: int = 256
     prefix_block_size: int = 16
     prefill_templates: str = ""

@@ -25,7 +25,9 @@ from engine.sampling import Sampler, pick_tokens
 from engine.stop_strings import StopMatcher
 from engine.traffic_recorder import TrafficRecorder
 from scheduler.errors import RequestError
+from engine.slo_feedback import SloFeedbackLoop
 from scheduler.admission import AdmissionController, EngineLoad
+from scheduler.feedback import FeedbackController
 from scheduler.tiers import TierTable
 
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
@@ -78,6 +80,7 @@ class Engine:
         self.prefill_rate = Ewma()
         self.decode_step_s = Ewma()
         self.output_tokens = Ewma()
+        self.feedback: SloFeedbackLoop | None = None
         self._active: dict[int, _Active] = {}
         self._free = list(range(runner.slots - 1, -1, -1))
         self._lock = threading.Condition()
@@ -125,6 +128,13 @@ class Engine:
             self.policy_queue.push(request)
             self._lock.notify()
 
+    def apply_feedback(self, controller: FeedbackController) -> None:
+        """Adopt the controller's tier weights in the queue (aging) and admission (thresholds)."""
+        with self._lock:
+            controller.apply_to(queue=self._queue, admission=self.admission)
+        for event in controller.last_events:
+            self.observer.on_adaptation(event.tier, event.kind, event.new)
+
     def _load_locked(self) -> EngineLoad:
         """The engine's state as admission control sees it (call with the lock held)."""
         tokens: Counter[str] = Counter()
@@ -164,6 +174,8 @@ class Engine:
             self._thread.join(timeout=30)
         if self.recorder is not None:
             self.recorder.stop()
+        if self.feedback is not None:
+            self.feedback.stop()
         message = "the model was unloaded before this request finished; retry"
         for request in self._drain_queue():
             request.sink.fail("UNAVAILABLE", message)
@@ -293,6 +305,8 @@ class Engine:
             self.prefix_cache.store(slot, request.prompt_ids, params.tenant)
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
         self.observer.on_first_token(params.tier, ttft_s)
+        if self.feedback is not None:
+            self.feedback.window.observe(params.tier, ttft_s * 1000.0)
         self.observer.on_prefix(reused, len(request.prompt_ids))
 
     def prefill(self, slot: int, prompt: list[int], tenant: str) -> tuple[torch.Tensor, int]:

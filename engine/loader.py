@@ -21,6 +21,8 @@ from engine.engine import Engine
 from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
 from engine.prefix_cache import PrefixCache
+from engine.slo_feedback import SloFeedbackLoop
+from scheduler.feedback import FeedbackController
 from engine.observer import EngineObserver
 from engine.traffic_recorder import TrafficRecorder
 from engine.warmup import StageTiming, WarmupReport, run_warmup
@@ -184,5 +186,15 @@ def load_engine(
     settle_garbage_collector()
     engine.ready = True
     engine.recorder.start()
+    engine.feedback = SloFeedbackLoop(
+        config.redis_url,
+        model_name,
+        tiers,
+        FeedbackController(tiers),
+        engine.apply_feedback,
+        config.feedback_interval_s,
+        log,
+    )
     engine.start()
+    engine.feedback.start()
     return LoadedEngine(engine, report, load_seconds, runner.kv_bytes)

@@ -20,6 +20,8 @@ class EngineObserver:
 
     def on_prefix(self, reused_tokens: int, prompt_tokens: int) -> None: ...
 
+    def on_adaptation(self, tier: str, kind: str, value: float) -> None: ...
+
 
 @dataclass
 class EngineStats:
