@@ -57,6 +57,8 @@ class EngineConfig:
     feedback_interval_s: float = 5.0
     prefix_cache_blocks: int = 256
     prefix_block_size: int = 16
+    l3_kv_cache: bool = True
+    l3_ttl_s: float = 86400.0
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""

@@ -176,6 +176,8 @@ class Engine:
             self.recorder.stop()
         if self.feedback is not None:
             self.feedback.stop()
+        if self.prefix_cache is not None and self.prefix_cache.l3 is not None:
+            self.prefix_cache.l3.close()
         message = "the model was unloaded before this request finished; retry"
         for request in self._drain_queue():
             request.sink.fail("UNAVAILABLE", message)
@@ -296,8 +298,10 @@ class Engine:
         started = time.perf_counter()
         logits, reused = self.prefill(slot, request.prompt_ids, params.tenant)
         token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]  # waits for the device
-        computed = len(request.prompt_ids) - reused
-        self.prefill_rate.update(computed / max(time.perf_counter() - started, 1e-6))
+        computed, seconds = len(request.prompt_ids) - reused, max(time.perf_counter() - started, 1e-6)
+        self.prefill_rate.update(computed / seconds)
+        if self.prefix_cache is not None and self.prefix_cache.l3 is not None:
+            self.prefix_cache.l3.cost.observe_prefill(computed, seconds)
         self.stats.prefill_steps += 1
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
         self._accept_token(state, token)  # the first token leaves before any metrics round trip

@@ -20,6 +20,8 @@ from engine.detokenize import TokenDecoder
 from engine.engine import Engine
 from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
+from cache.kv_format import KVBlockMeta, dtype_name
+from engine.kv_tiers import LAYOUT, L3Tier
 from engine.prefix_cache import PrefixCache
 from engine.slo_feedback import SloFeedbackLoop
 from scheduler.feedback import FeedbackController
@@ -84,6 +86,32 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
         predicted = predict_reserve(peaks, time.time(), config.peak_half_life_s, config.kv_headroom)
         slots = max(config.min_batch_size, min(config.max_batch_size, math.ceil(predicted)))
     return TrafficPlan(buckets, histogram, slots, store, failures)
+
+
+def build_l3(
+    config: EngineConfig, model_name: str, fingerprint: str, runner: ModelRunner, log
+) -> L3Tier | None:
+    """The Redis KV tier, or None (no Redis configured, or redis-py missing: L1 keeps working alone)."""
+    if not (config.l3_kv_cache and config.redis_url):
+        return None
+    try:
+        from cache.circuit_breaker import CircuitBreaker
+        from cache.redis_kv_store import RedisKVStore
+    except ImportError as exc:
+        log(f"L3 KV cache off: {exc}")
+        return None
+    shape = runner.shape
+    meta = KVBlockMeta(
+        model_fingerprint=fingerprint,
+        dtype=dtype_name(runner.dtype),
+        shape=(shape.layers, 2, shape.kv_heads, config.prefix_block_size, shape.head_dim),
+        token_count=config.prefix_block_size,
+        layout=LAYOUT,
+    )
+    store = RedisKVStore(
+        config.redis_url, f"llm:kv:v1:{model_name}", ttl_s=config.l3_ttl_s, breaker=CircuitBreaker()
+    )
+    return L3Tier(store, meta)
 
 
 def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], str]], list[dict]]:
@@ -160,6 +188,7 @@ def load_engine(
         engine.prefix_cache = PrefixCache(
             runner, config.prefix_cache_blocks, config.prefix_block_size, fingerprint
         )
+        engine.prefix_cache.l3 = build_l3(config, model_name, fingerprint, runner, log)
     hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
     load_seconds = time.perf_counter() - started
     log(

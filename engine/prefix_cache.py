@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.kv_tiers import L3Tier
 from engine.model_runner import ModelRunner
 
 
@@ -46,6 +47,7 @@ class PrefixCache:
         self.free = list(range(capacity_blocks - 1, -1, -1))
         self.pinned: set[bytes] = set()
         self.evictions = 0
+        self.l3: L3Tier | None = None
 
     @property
     def capacity(self) -> int:
@@ -61,11 +63,14 @@ class PrefixCache:
     def lookup(self, tokens: Sequence[int], tenant: str) -> list[int]:
         """Pool indices of the longest cached prefix; at least one prompt token is left to compute."""
         usable = (len(tokens) - 1) // self.block_size
+        keys = block_keys(tokens[: usable * self.block_size], self.block_size, self.salt(tenant))
         found: list[bytes] = []
-        for key in block_keys(tokens[: usable * self.block_size], self.block_size, self.salt(tenant)):
+        for key in keys:
             if key not in self.index:
                 break
             found.append(key)
+        if self.l3 is not None and len(found) < len(keys):
+            found += self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :]))
         for key in reversed(found):  # the head ends most recent: tails are evicted first
             self.index.move_to_end(key)
         return [self.index[key] for key in found]
@@ -84,15 +89,29 @@ class PrefixCache:
         if not missing:
             return 0
         blocks = self.runner.read_blocks(slot, missing[-1] + 1, self.block_size)
-        stored = 0
+        stored = []
         for i in missing:
             index = self._allocate()
             if index is None:
                 break
             self.pool[index] = blocks[i]
             self.index[keys[i]] = index
-            stored += 1
-        return stored
+            stored.append(i)
+        if self.l3 is not None and stored:
+            self.l3.publish([keys[i] for i in stored], blocks[stored])
+        return len(stored)
+
+    def _promote(self, keys: list[bytes], blocks: list[torch.Tensor]) -> list[bytes]:
+        """Bring blocks fetched from L3 into the pool; returns the keys now in L1."""
+        promoted = []
+        for key, block in zip(keys, blocks):
+            index = self._allocate()
+            if index is None:
+                break
+            self.pool[index] = block.to(self.pool.device, non_blocking=True)
+            self.index[key] = index
+            promoted.append(key)
+        return promoted
 
     def _allocate(self) -> int | None:
         if self.free:

@@ -1,0 +1,74 @@
+"""L3 behind the L1 prefix cache: KV snapshots of prompt blocks in Redis, shared by every replica.
+
+On an L1 miss the chain continues in Redis; the cost model loads it only when moving the bytes is
+predicted to beat recomputing the tokens (a slow Redis is often slower than prefill). New blocks
+are copied to the host on the engine thread and written by a background thread, so Redis never
+sits on a request's path. Redis trouble is absorbed by the store's circuit breaker.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from cache.cost_model import LoadCostModel
+from cache.kv_format import KVBlockMeta
+
+if TYPE_CHECKING:  # redis-py is imported only where the store is built (engine/loader.py)
+    from cache.redis_kv_store import RedisKVStore
+
+LAYOUT = "L2HBD-v1"  # [layers, 2 (k/v), kv_heads, block tokens, head_dim]
+
+
+class L3Tier:
+    def __init__(
+        self, store: RedisKVStore, meta: KVBlockMeta, cost: LoadCostModel | None = None, backlog: int = 256
+    ):
+        self.store = store
+        self.meta = meta
+        self.cost = cost or LoadCostModel()
+        self.block_bytes = (
+            int(torch.Size(meta.shape).numel())
+            * torch.empty((), dtype=getattr(torch, meta.dtype)).element_size()
+        )
+        self._writes: queue.Queue[tuple[list[bytes], torch.Tensor] | None] = queue.Queue(maxsize=backlog)
+        self._thread = threading.Thread(target=self._write_loop, name="l3-writer", daemon=True)
+        self._thread.start()
+        self.dropped_writes = 0
+        self.loaded_blocks = 0
+
+    def fetch(self, keys: list[bytes]) -> list[torch.Tensor]:
+        """The leading blocks of `keys` found in Redis (on the host), or [] when recomputing is cheaper."""
+        if not keys:
+            return []
+        available = self.store.exists_chain(keys)
+        if available == 0 or not self.cost.should_load(
+            available * self.meta.token_count, available * self.block_bytes
+        ):
+            return []
+        started = time.perf_counter()
+        blocks = self.store.get_chain(keys[:available], self.meta)
+        if blocks:
+            self.cost.observe_load(len(blocks) * self.block_bytes, time.perf_counter() - started)
+            self.loaded_blocks += len(blocks)
+        return blocks
+
+    def publish(self, keys: list[bytes], blocks: torch.Tensor) -> None:
+        """Queue blocks [n, ...] for Redis; when the writer falls behind, drop rather than wait."""
+        try:
+            self._writes.put_nowait((keys, blocks.to("cpu", copy=True)))
+        except queue.Full:
+            self.dropped_writes += 1
+
+    def close(self) -> None:
+        self._writes.put(None)
+        self._thread.join(timeout=10)
+
+    def _write_loop(self) -> None:
+        while (item := self._writes.get()) is not None:
+            keys, blocks = item
+            self.store.put_chain(keys, list(blocks.unbind(0)), self.meta)

@@ -1,0 +1,79 @@
+"""L3 (Redis KV snapshots) behind the L1 prefix cache: a second replica reuses what the first computed."""
+
+from __future__ import annotations
+
+from cache.circuit_breaker import CircuitBreaker
+from cache.cost_model import LoadCostModel
+from cache.kv_format import KVBlockMeta, dtype_name
+from cache.redis_kv_store import RedisKVStore
+from deploy.launch import find_free_port
+from engine.engine import Engine
+from engine.kv_tiers import LAYOUT, L3Tier
+from engine.model_runner import ModelRunner
+from engine.prefix_cache import PrefixCache
+from tests.test_engine_batching import BUCKETS, EOS, RecordingSink, model, request, run_until_idle  # noqa: F401
+
+PROMPT = [1] + list(range(60, 108))  # three full blocks of 16, plus one token
+
+
+def replica(model, redis_url, namespace, *, cost=None) -> Engine:  # noqa: F811
+    runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS)
+    engine.prefix_cache = PrefixCache(runner, 32, 16, "fp")
+    shape = runner.shape
+    meta = KVBlockMeta(
+        "fp", dtype_name(runner.dtype), (shape.layers, 2, shape.kv_heads, 16, shape.head_dim), 16, LAYOUT
+    )
+    store = RedisKVStore(redis_url, namespace, timeout_s=0.2, breaker=CircuitBreaker())
+    engine.prefix_cache.l3 = L3Tier(store, meta, cost or LoadCostModel(prior_prefill_tokens_per_s=50.0))
+    return engine
+
+
+def serve(engine, prompt, tenant="default") -> list[int]:
+    sink = RecordingSink()
+    engine.submit(request(prompt, sink, max_tokens=6, tenant=tenant))
+    run_until_idle(engine)
+    return sink.tokens
+
+
+def test_a_new_replica_loads_the_prefix_from_redis_and_answers_identically(model, redis_server, request):  # noqa: F811
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace)
+    expected = serve(first, PROMPT + [5])
+    first.prefix_cache.l3.close()  # flushes the background writes
+    second = replica(model, redis_server, namespace)
+    assert serve(second, PROMPT + [5]) == expected
+    assert second.stats.prefix_reused_tokens == 48 and second.prefix_cache.l3.loaded_blocks == 3
+    assert serve(second, PROMPT + [5], tenant="other") == expected
+    assert second.stats.prefix_reused_tokens == 48, "another tenant's keys never match"
+
+
+def test_corrupted_snapshots_are_recomputed_not_used(model, redis_server, request):  # noqa: F811
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace)
+    expected = serve(first, PROMPT + [7])
+    first.prefix_cache.l3.close()
+    raw = first.prefix_cache.l3.store.client
+    names = sorted(raw.keys(f"{namespace}:*"))
+    raw.setrange(names[0], 40, b"\x00\xff\x00\xff")  # damage one block's bytes
+    second = replica(model, redis_server, namespace)
+    assert serve(second, PROMPT + [7]) == expected
+    assert second.prefix_cache.l3.store.stats.checksum_failures >= 1
+
+
+def test_the_cost_model_recomputes_when_that_is_faster(model, redis_server, request):  # noqa: F811
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace)
+    expected = serve(first, PROMPT + [9])
+    first.prefix_cache.l3.close()
+    slow_redis = LoadCostModel(prior_load_bytes_per_s=1.0, prior_prefill_tokens_per_s=1e9)
+    second = replica(model, redis_server, namespace, cost=slow_redis)
+    assert serve(second, PROMPT + [9]) == expected
+    assert second.stats.prefix_reused_tokens == 0 and slow_redis.decisions["recompute"] >= 1
+
+
+def test_a_dead_redis_costs_nothing_but_the_reuse(model):  # noqa: F811
+    dead = replica(model, f"redis://localhost:{find_free_port()}/0", "kv-dead")
+    assert len(serve(dead, PROMPT + [3])) == 6
+    assert len(serve(dead, PROMPT + [3])) == 6
+    assert dead.stats.prefix_reused_tokens == 48, "L1 still works without Redis"
