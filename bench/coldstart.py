@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import (
+    engine_env,
+    model_dir_for,
     REPO_ROOT,
     EngineTtft,
     PromptFactory,
@@ -92,11 +94,7 @@ def run_config(args: argparse.Namespace, model_dir: Path, warmup: bool, lengths:
         text_env=args.text_env,
         start_redis=not args.no_redis,
         redis_url=None if not args.no_redis else "redis://127.0.0.1:1/0",
-        extra_env={
-            "LLM_DEVICE": args.device,
-            "LLM_DTYPE": args.dtype,
-            "LLM_MAX_SEQ_LEN": str(args.max_seq_len),
-        },
+        extra_env=engine_env(args.device, args.dtype, args.max_seq_len),
     )
     progress(f"warmup {label}: starting the server")
     started = time.perf_counter()
@@ -155,14 +153,7 @@ def plot(results: list[ConfigResult], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
-    model_dir = args.model_dir or REPO_ROOT / "models" / (
-        "tiny-llama" if args.preset == "tiny" else f"{args.preset}-llama"
-    )
-    if not (model_dir / "config.json").exists():
-        from engine.build_model import build
-
-        progress(f"building the {args.preset} model into {model_dir}")
-        build(args.preset, model_dir)
+    model_dir = model_dir_for(args.preset, args.model_dir)
     results = [run_config(args, model_dir, warmup, lengths) for warmup in (False, True)]
     headers = [
         "warmup",

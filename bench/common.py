@@ -21,6 +21,22 @@ RESULTS = REPO_ROOT / "bench" / "results"
 CORPUS = REPO_ROOT / "data" / "corpus.txt"
 
 
+def model_dir_for(preset: str, model_dir: Path | None) -> Path:
+    """The checkpoint a benchmark serves: `model_dir`, else models/<preset>-llama, built when missing."""
+    path = model_dir or REPO_ROOT / "models" / ("tiny-llama" if preset == "tiny" else f"{preset}-llama")
+    if not (path / "config.json").exists():
+        from engine.build_model import build
+
+        progress(f"building the {preset} model into {path}")
+        build(preset, path)
+    return path
+
+
+def engine_env(device: str, dtype: str, max_seq_len: int) -> dict[str, str]:
+    """Environment the engine's config.pbtxt expands (`${LLM_DEVICE:-cpu}` and friends)."""
+    return {"LLM_DEVICE": device, "LLM_DTYPE": dtype, "LLM_MAX_SEQ_LEN": str(max_seq_len)}
+
+
 class PromptFactory:
     """Distinct prompts of an exact token count (BOS included), cut from the shipped corpus."""
 

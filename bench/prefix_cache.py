@@ -19,7 +19,17 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO_ROOT, PromptFactory, TtftProbe, median, print_table, progress, write_results
+from bench.common import (
+    engine_env,
+    model_dir_for,
+    REPO_ROOT,
+    PromptFactory,
+    TtftProbe,
+    median,
+    print_table,
+    progress,
+    write_results,
+)
 from deploy.launch import StackOptions, start_stack
 
 
@@ -48,11 +58,7 @@ def options(args, name: str, model_dir: Path, blocks: int) -> StackOptions:
         warmup=True,
         text_env=args.text_env,
         overrides={"llm_engine": {"prefix_cache_blocks": str(blocks), "prefill_templates": ""}},
-        extra_env={
-            "LLM_DEVICE": args.device,
-            "LLM_DTYPE": args.dtype,
-            "LLM_MAX_SEQ_LEN": str(args.max_seq_len),
-        },
+        extra_env=engine_env(args.device, args.dtype, args.max_seq_len),
     )
 
 
@@ -113,12 +119,7 @@ def plot(rows: list[list[object]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    name = "tiny-llama" if args.preset == "tiny" else f"{args.preset}-llama"
-    model_dir = args.model_dir or REPO_ROOT / "models" / name
-    if not (model_dir / "config.json").exists():
-        from engine.build_model import build
-
-        build(args.preset, model_dir)
+    model_dir = model_dir_for(args.preset, args.model_dir)
     lengths = [int(x) for x in args.lengths.split(",")]
     prompts = PromptFactory(model_dir)
     progress("(a) hit vs miss")

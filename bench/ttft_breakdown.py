@@ -16,7 +16,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from bench.common import REPO_ROOT, EngineTtft, PromptFactory, TtftProbe, print_table, progress
+from bench.common import REPO_ROOT, EngineTtft, PromptFactory, TtftProbe, engine_env, print_table, progress
 from deploy.launch import StackOptions, start_stack
 
 STEPS = ("slo_scheduler", "llm_engine", "detokenizer")
@@ -55,11 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         text_env=args.text_env,
         start_redis=not args.no_redis,
         redis_url="redis://127.0.0.1:1/0" if args.no_redis else None,
-        extra_env={
-            "LLM_DEVICE": args.device,
-            "LLM_DTYPE": args.dtype,
-            "LLM_MAX_SEQ_LEN": str(args.max_seq_len),
-        },
+        extra_env=engine_env(args.device, args.dtype, args.max_seq_len),
     )
     stack = start_stack(options)
     prompts = PromptFactory(args.model_dir)

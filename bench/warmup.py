@@ -25,7 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import REPO_ROOT, PromptFactory, TtftProbe, median, print_table, progress, write_results
+from bench.common import (
+    engine_env,
+    model_dir_for,
+    REPO_ROOT,
+    PromptFactory,
+    TtftProbe,
+    median,
+    print_table,
+    progress,
+    write_results,
+)
 from cache.traffic_stats import TrafficStatsStore, model_fingerprint
 from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, find_free_port, start_redis_server, start_stack
@@ -120,11 +130,7 @@ def run_config(args, name: str, model_dir: Path, lengths: list[int], history: li
             start_redis=False,
             redis_url=redis_url,
             overrides={"llm_engine": {"warmup_budget_s": str(args.budget_s)}},
-            extra_env={
-                "LLM_DEVICE": args.device,
-                "LLM_DTYPE": args.dtype,
-                "LLM_MAX_SEQ_LEN": str(args.max_seq_len),
-            },
+            extra_env=engine_env(args.device, args.dtype, args.max_seq_len),
         )
         progress(f"{name}: starting the server")
         started = time.perf_counter()
@@ -192,13 +198,7 @@ def plot(results: list[ConfigResult], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model_dir = args.model_dir or REPO_ROOT / "models" / (
-        "tiny-llama" if args.preset == "tiny" else f"{args.preset}-llama"
-    )
-    if not (model_dir / "config.json").exists():
-        from engine.build_model import build
-
-        build(args.preset, model_dir)
+    model_dir = model_dir_for(args.preset, args.model_dir)
     first = lognormal_lengths(args.first, args.median_tokens, args.sigma, args.max_seq_len, seed=2)
     extra = lognormal_lengths(
         max(0, args.steady - args.first), args.median_tokens, args.sigma, args.max_seq_len, seed=3

@@ -162,36 +162,6 @@ def test_cancelled_request_frees_its_slot_for_a_queued_one(model):
     assert engine.stats.finished == {"cancelled": 1, "length": 1}
 
 
-def test_admission_order_is_tier_then_deadline(model):
-    engine = make_engine(model, slots=1)
-    order: list[str] = []
-
-    class OrderSink(RecordingSink):
-        def __init__(self, name):
-            super().__init__()
-            self.name = name
-
-        def send(self, token_ids, read_offset, final, trim_bytes=0):
-            if not self.windows:
-                order.append(self.name)
-            super().send(token_ids, read_offset, final, trim_bytes)
-
-    blocker = OrderSink("blocker")
-    engine.submit(request([1, 2], blocker, rid="blocker", max_tokens=2))
-    engine.step()
-    for rid, priority, deadline in (
-        ("batch", 4, 10),
-        ("std-late", 3, 900),
-        ("std-early", 3, 100),
-        ("crit", 1, 5000),
-    ):
-        engine.submit(
-            request([1, 2], OrderSink(rid), rid=rid, priority=priority, deadline=deadline, max_tokens=2)
-        )
-    run_until_idle(engine)
-    assert order == ["blocker", "crit", "std-early", "std-late", "batch"]
-
-
 def test_non_streaming_sends_one_final_window_with_prompt(model):
     engine = make_engine(model)
     sink = RecordingSink()
