@@ -93,7 +93,8 @@ def test_warmup_failure_never_fails_the_load(tmp_path):
 
 def test_prompts_that_start_with_a_template_reuse_its_prefilled_blocks(planned_stack):
     report = warmup_report(planned_stack.triton_log)
-    assert report["prefill_loaded"] == 2 and report["prefill_deferred"] == 0
+    # the hottest template always loads before READY; the second may be deferred on a busy machine
+    assert report["prefill_loaded"] >= 1 and report["prefill_loaded"] + report["prefill_deferred"] == 2
     templates = yaml.safe_load((REPO_ROOT / "model_repository/llm_engine/prefill_templates.yaml").read_text())
     before = metric_total(
         scrape_metrics(planned_stack.metrics_url), "llm_engine_prefix_cache_tokens_total", result="reused"
