@@ -21,11 +21,11 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from cache.circuit_breaker import CircuitBreaker
 from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 1
@@ -81,45 +81,6 @@ def sha256_hex(*parts: bytes) -> str:
 def tenant_tag(tenant: str) -> str:
     """A fixed-width, key-safe form of the tenant (tenants are free text set by the server)."""
     return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
-
-
-@dataclass
-class CircuitBreaker:
-    """Opens after ``failures_to_open`` consecutive failures and lets one probe through every
-    ``cooldown_s``: while Redis is down, requests skip it instead of each paying a timeout.
-    Closes again on the first success, so recovery needs no operator."""
-
-    failures_to_open: int = 3
-    cooldown_s: float = 2.0
-    clock: Callable[[], float] = time.monotonic
-    _failures: int = 0
-    _open_until: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def allow(self) -> bool:
-        with self._lock:
-            if self._failures < self.failures_to_open:
-                return True
-            now = self.clock()
-            if now >= self._open_until:
-                self._open_until = now + self.cooldown_s  # this caller is the probe; others keep skipping
-                return True
-            return False
-
-    def success(self) -> None:
-        with self._lock:
-            self._failures = 0
-            self._open_until = 0.0
-
-    def failure(self) -> None:
-        with self._lock:
-            self._failures += 1
-            if self._failures >= self.failures_to_open:
-                self._open_until = self.clock() + self.cooldown_s
-
-    @property
-    def is_open(self) -> bool:
-        return self._failures >= self.failures_to_open
 
 
 def make_redis_client(redis_url: str, timeout_s: float):
@@ -212,7 +173,7 @@ class ExactResponseCache:
         except self._redis_errors:
             self._fail()
             return None
-        self.breaker.success()
+        self.breaker.record_success()
         if raw is None:
             self._count("misses")
             return None
@@ -241,7 +202,7 @@ class ExactResponseCache:
         except self._redis_errors:
             self._fail()
             return False
-        self.breaker.success()
+        self.breaker.record_success()
         self._count("stores")
         return True
 
@@ -262,7 +223,7 @@ class ExactResponseCache:
             setattr(self.stats, name, getattr(self.stats, name) + n)
 
     def _fail(self) -> None:
-        self.breaker.failure()
+        self.breaker.record_failure()
         self._count("errors")
 
     def _delete_quietly(self, key: str) -> None:

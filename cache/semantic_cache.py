@@ -36,8 +36,8 @@ from typing import Protocol
 
 import numpy as np
 
+from cache.circuit_breaker import CircuitBreaker
 from cache.response_cache import (
-    CircuitBreaker,
     canonical_json,
     is_deterministic,
     make_redis_client,
@@ -532,7 +532,7 @@ class SemanticResponseCache:
         except self._redis_errors:
             self._fail()
             return False
-        self.breaker.success()
+        self.breaker.record_success()
         self._count("stores")
         self._count("evictions", int(evicted or 0))
         return True
@@ -616,7 +616,7 @@ class SemanticResponseCache:
             cached = self._matrices.get(tenant)
             if cached is not None and cached.version == version:
                 self._matrices.move_to_end(tenant)
-                self.breaker.success()
+                self.breaker.record_success()
                 return cached
         try:
             with self.client.pipeline(transaction=True) as pipe:
@@ -627,7 +627,7 @@ class SemanticResponseCache:
         except self._redis_errors:
             self._fail()
             return None
-        self.breaker.success()
+        self.breaker.record_success()
         tm, bad = self._build_matrix(tenant, version, embs, docs)
         if bad:
             self._count("corrupt", len(bad))
@@ -686,5 +686,5 @@ class SemanticResponseCache:
             setattr(self.stats, name, getattr(self.stats, name) + n)
 
     def _fail(self) -> None:
-        self.breaker.failure()
+        self.breaker.record_failure()
         self._count("errors")

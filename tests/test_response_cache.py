@@ -10,7 +10,8 @@ import uuid
 import pytest
 import redis
 
-from cache.response_cache import CircuitBreaker, ExactResponseCache, is_deterministic
+from cache.circuit_breaker import BreakerState, CircuitBreaker
+from cache.response_cache import ExactResponseCache, is_deterministic
 from deploy.launch import find_free_port
 from scheduler.messages import EngineRequestParams
 
@@ -119,12 +120,12 @@ def test_dead_redis_returns_misses_quickly():
         assert c.put(PROMPT, params, "x") is False
     assert time.perf_counter() - t0 < 1.0
     assert c.snapshot()["errors"] == 100
-    assert c.breaker.is_open
+    assert c.breaker.state is BreakerState.OPEN
 
 
 def test_slow_redis_times_out_and_breaker_recovers(redis_server):
     now = [0.0]
-    breaker = CircuitBreaker(failures_to_open=2, cooldown_s=5.0, clock=lambda: now[0])
+    breaker = CircuitBreaker(failure_threshold=2, reset_timeout_s=5.0, clock=lambda: now[0])
     c = ExactResponseCache(redis_server, "fp-slow", timeout_s=0.05, breaker=breaker)
     params = EngineRequestParams()
     assert c.put(PROMPT, params, "cached")
@@ -135,8 +136,8 @@ def test_slow_redis_times_out_and_breaker_recovers(redis_server):
     assert c.get(PROMPT, params) is None
     assert c.get(PROMPT, params) is None  # breaker open: not even tried
     assert time.perf_counter() - t0 < 0.4
-    assert breaker.is_open and c.snapshot()["errors"] == 3
+    assert breaker.state is BreakerState.OPEN and c.snapshot()["errors"] == 3
     time.sleep(0.5)
     now[0] += 6.0  # past the cooldown: one probe goes through, succeeds, closes the breaker
     assert c.get(PROMPT, params) == "cached"
-    assert not breaker.is_open
+    assert breaker.state is BreakerState.CLOSED
