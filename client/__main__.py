@@ -1,16 +1,22 @@
-"""Command line client: `python -m client generate [options] PROMPT`, `python -m client warmup --rewarm`."""
+"""Command line client: `python -m client generate [options] PROMPT`, `python -m client warmup --rewarm`,
+`python -m client warmup --log LOG [--templates YAML] [options]` (the warmup job, client/warmup_job.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from tritonclient.utils import InferenceServerException
 
 from client.generate import GenerationError, GenerationResult, generate
 from client.rewarm import rewarm
+from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
+
+JOB_ONLY = ("templates", "top_percent", "per_cluster", "clusters", "edge_cases", "dry_run", "tenant_field",
+            "concurrency", "max_tokens", "max_prompt_tokens", "tokenizer", "no_progress")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,14 +39,32 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--exclude-input", dest="exclude_input_in_output", action="store_true", default=None,
                      help="send exclude_input_in_output=true")  # fmt: skip
     gen.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default: %(default)s)")
-    warm = commands.add_parser("warmup", help="re-warm the engine (reload it: warmup runs before it serves)")
+    warm = commands.add_parser(
+        "warmup",
+        help="fill the caches from a query log (--log) or re-warm the engine (--rewarm)",
+        description="Job mode (--log): select hot prompts from a query log, SLO templates and edge cases, "
+        "and send them at tier warmup. Re-warm mode (--rewarm): reload the engine so its warmup runs again.",
+    )
+    mode = warm.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--rewarm", action="store_true", help="reload the engine and re-run warmup")
+    mode.add_argument("--log", type=Path, help="job mode: JSONL query log ({prompt, tenant, ts} per line)")
     warm.add_argument("--url", default="localhost:8001", help="Triton gRPC address (default: %(default)s)")
     warm.add_argument("--metrics-url", default="http://localhost:8002/metrics", help="Triton metrics URL")
-    warm.add_argument("--model", default="llm_engine", help="model to re-warm (default: %(default)s)")
-    warm.add_argument(
-        "--rewarm", action="store_true", required=True, help="reload the engine and re-run warmup"
-    )
+    warm.add_argument("--model", help="model: llm_engine to re-warm, llm (the ensemble) to send the job to")
     warm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default: %(default)s)")
+    job = warm.add_argument_group("job mode (with --log only)")
+    job.add_argument("--templates", type=Path, help="YAML of SLO-sensitive scenario templates")
+    job.add_argument("--top-percent", type=float, help="top share of prompts by frequency (default 5)")
+    job.add_argument("--per-cluster", type=int, help="most frequent prompts taken per cluster (default 2)")
+    job.add_argument("--clusters", help="auto (silhouette, the default) or a number of clusters")
+    job.add_argument("--edge-cases", action="store_true", default=None, help="add synthetic edge cases")
+    job.add_argument("--dry-run", action="store_true", default=None, help="print the selection, send nothing")
+    job.add_argument("--tenant-field", help="log field holding the tenant (default: tenant)")
+    job.add_argument("--concurrency", type=int, help="requests in flight (default 4)")
+    job.add_argument("--max-tokens", type=int, help="new tokens per warmup request (default 4)")
+    job.add_argument("--max-prompt-tokens", type=int, help="the server's prompt limit (default 2047)")
+    job.add_argument("--tokenizer", type=Path, help="the served model's tokenizer.json, for exact lengths")
+    job.add_argument("--no-progress", action="store_true", default=None, help="no progress bar")
     return parser
 
 
@@ -85,11 +109,45 @@ def run_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def job_options(args: argparse.Namespace) -> JobOptions:
+    """Job-mode arguments -> JobOptions; options not given keep the dataclasses' defaults."""
+    clusters = None if args.clusters in (None, "auto") else int(args.clusters)
+    given = {
+        "top_percent": args.top_percent,
+        "per_cluster": args.per_cluster,
+        "clusters": clusters,
+        "edge_cases": args.edge_cases,
+        "max_prompt_tokens": args.max_prompt_tokens,
+    }
+    selection = SelectionConfig(**{key: value for key, value in given.items() if value is not None})
+    sending = {"concurrency": args.concurrency, "max_tokens": args.max_tokens}
+    send = SendConfig(
+        url=args.url, model=args.model or "llm", timeout_s=args.timeout, progress=not args.no_progress,
+        **{key: value for key, value in sending.items() if value is not None},
+    )  # fmt: skip
+    return JobOptions(
+        log=args.log, templates=args.templates, selection=selection, send=send,
+        tenant_field=args.tenant_field or "tenant", tokenizer=args.tokenizer, dry_run=bool(args.dry_run),
+    )  # fmt: skip
+
+
+def check_warmup_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Job options make no sense with --rewarm; say so instead of ignoring them."""
+    if args.rewarm:
+        given = [name for name in JOB_ONLY if getattr(args, name) is not None]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            parser.error(f"{flags} only apply to the warmup job (--log), not to --rewarm")
+    if args.clusters not in (None, "auto") and not (args.clusters.isdigit() and int(args.clusters) >= 1):
+        parser.error(f"--clusters must be 'auto' or a positive integer, got {args.clusters!r}")
+
+
 def run_rewarm(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    model = args.model or "llm_engine"
     try:
-        result = rewarm(args.url, args.metrics_url, args.model, args.timeout)
+        result = rewarm(args.url, args.metrics_url, model, args.timeout)
     except (InferenceServerException, RuntimeError, OSError) as exc:
-        print(f"error: re-warm of {args.model} failed: {exc}", file=err)
+        print(f"error: re-warm of {model} failed: {exc}", file=err)
         return 1
     print(f"{result.model} reloaded and warm in {result.reload_seconds:.2f} s; warmup report:", file=out)
     for key, value in sorted(result.report.items()):
@@ -98,13 +156,21 @@ def run_rewarm(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     out = out or sys.stdout
     err = err or sys.stderr
     if args.command == "generate":
         return run_generate(args, out, err)
     if args.command == "warmup":
-        return run_rewarm(args, out, err)
+        check_warmup_args(parser, args)
+        if args.rewarm:
+            return run_rewarm(args, out, err)
+        try:
+            options = job_options(args)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return run_job(options, out, err)
     raise AssertionError(f"unhandled command {args.command!r}")
 
 

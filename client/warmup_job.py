@@ -1,0 +1,553 @@
+"""The warmup job: pick the prompts worth having in cache before a traffic peak, then send them.
+
+Offline (`select_warmup_set`, pure, no server): count identical prompts per tenant in a query log, embed
+the distinct ones (all-MiniLM-L6-v2), cluster them, and keep the top `top_percent` by frequency plus the
+`per_cluster` most frequent of every cluster, so a topic with many different but individually rare
+prompts still gets its shared prefix warmed. Then add the templates of SLO-sensitive scenarios (they
+must be warm whatever the log says) and, on request, synthetic edge cases that exercise shapes and code
+paths real traffic hits rarely but pays dearly for cold (the longest prompt, a near-limit one, a very
+short one, multi-byte text through the incremental detokenizer).
+
+Online (`send_warmup_set`): send the selection at tier `warmup` over one gRPC stream, a few at a time
+and with few new tokens, so the engine fills its prefix cache (L1) and the Redis KV tier (L3) while the
+tier's precedence keeps it ahead of standard traffic without competing with critical requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import yaml
+from tqdm import tqdm
+
+from client.generate import StreamingSession
+from scheduler.validation import DEFAULT_TENANT, TENANT_PATTERN, TENANT_RULE
+
+EmbedFn = Callable[[list[str]], np.ndarray]
+TokenCounter = Callable[[str], int]
+
+WARMUP_TIER = "warmup"
+REASON_TOP = "top_frequency"
+REASON_CLUSTER = "cluster_top"
+REASON_TEMPLATE = "slo_template"
+REASON_EDGE = "edge_case"
+REASONS = (REASON_TOP, REASON_CLUSTER, REASON_TEMPLATE, REASON_EDGE)
+
+SHORT_PROMPT = "Hi"
+NON_ASCII_PROMPT = (
+    "¿Dónde está mi pedido? 注文した商品はいつ届きますか？ Где мой заказ? Ça arrive quand ? 🚚📦"
+)
+FILLER = "The quick brown fox jumps over the lazy dog while the support team answers every question. "
+MALFORMED_SHOWN = 5
+
+
+def utf8_token_bound(text: str) -> int:
+    """Upper bound of a byte-level BPE token count (one token per byte at worst, plus BOS): used when no
+    tokenizer is given, so a prompt judged to fit the server's limit always does."""
+    return len(text.encode("utf-8")) + 1
+
+
+def normalize_prompt(text: str) -> str:
+    """Prompts that differ only in whitespace are the same request to a user and nearly the same prefix
+    to the engine, so they are counted together."""
+    return " ".join(text.split())
+
+
+# --------------------------------------------------------------------------------------------- query log
+@dataclass(frozen=True)
+class LogRecord:
+    prompt: str
+    tenant: str
+    ts: str | None = None
+
+
+@dataclass(frozen=True)
+class MalformedLine:
+    line_no: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class QueryLog:
+    """Parsed log; malformed lines are kept as (line, reason) so the job can say what it skipped."""
+
+    records: tuple[LogRecord, ...]
+    malformed: tuple[MalformedLine, ...]
+    total_lines: int
+
+    def describe_malformed(self, source: str, shown: int = MALFORMED_SHOWN) -> list[str]:
+        lines = [f"{source}:{m.line_no}: skipped: {m.reason}" for m in self.malformed[:shown]]
+        if len(self.malformed) > shown:
+            lines.append(f"... and {len(self.malformed) - shown} more malformed lines")
+        if self.malformed:
+            lines.append(
+                f"skipped {len(self.malformed)} malformed of {self.total_lines} non-empty lines in {source}"
+            )
+        return lines
+
+
+def _parse_line(text: str, tenant_field: str) -> LogRecord | str:
+    """A record, or why the line cannot be one."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(obj, dict):
+        return f"expected a JSON object, got {type(obj).__name__}"
+    prompt = obj.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return f"'prompt' must be a non-empty string, got {prompt!r:.40}"
+    tenant = obj.get(tenant_field)
+    if tenant is None or tenant == "":
+        tenant = DEFAULT_TENANT
+    if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
+        return f"{tenant_field!r} must be {TENANT_RULE}, got {tenant!r:.40}"
+    ts = obj.get("ts")
+    return LogRecord(prompt, tenant, None if ts is None else str(ts))
+
+
+def parse_query_log(lines: Iterable[str], tenant_field: str = "tenant") -> QueryLog:
+    """JSONL lines ({"prompt", tenant_field, "ts"}) -> records; blank lines are ignored, a line that is
+    not a usable record is counted with its reason, never fatal: one bad write must not cancel warmup."""
+    records: list[LogRecord] = []
+    malformed: list[MalformedLine] = []
+    total = 0
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        total += 1
+        parsed = _parse_line(line, tenant_field)
+        if isinstance(parsed, LogRecord):
+            records.append(parsed)
+        else:
+            malformed.append(MalformedLine(line_no, parsed))
+    return QueryLog(tuple(records), tuple(malformed), total)
+
+
+def read_query_log(path: Path, tenant_field: str = "tenant") -> QueryLog:
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        return parse_query_log(fh, tenant_field)
+
+
+# ----------------------------------------------------------------------------------------------- templates
+@dataclass(frozen=True)
+class SloTemplate:
+    scenario: str
+    tenant: str
+    prompt: str
+
+
+def parse_templates(data: object, source: str = "templates") -> list[SloTemplate]:
+    """The YAML's `scenarios` list; unlike the log, a bad template is an error: it is hand-written
+    configuration, and silently skipping an SLO-critical scenario would leave it cold."""
+    if data is None:
+        return []
+    if not isinstance(data, dict) or not isinstance(data.get("scenarios"), list):
+        raise ValueError(f"{source}: expected a mapping with a 'scenarios' list")
+    out: list[SloTemplate] = []
+    for i, entry in enumerate(data["scenarios"]):
+        where = f"{source}: scenarios[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected a mapping with scenario, tenant, prompt")
+        scenario, tenant, prompt = (
+            entry.get("scenario"),
+            entry.get("tenant", DEFAULT_TENANT),
+            entry.get("prompt"),
+        )
+        if not isinstance(scenario, str) or not scenario.strip():
+            raise ValueError(f"{where}: 'scenario' must be a non-empty string")
+        if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
+            raise ValueError(f"{where}: 'tenant' must be {TENANT_RULE}, got {tenant!r}")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+        out.append(SloTemplate(scenario.strip(), tenant, prompt))
+    return out
+
+
+def load_templates(path: Path) -> list[SloTemplate]:
+    return parse_templates(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+
+
+# ----------------------------------------------------------------------------------------------- selection
+@dataclass(frozen=True)
+class WarmupItem:
+    """One request to send. `frequency` is its count in the log (0 for templates and synthetic cases);
+    `cluster` its topic cluster (None when it is not from the log); `detail` the scenario or edge case."""
+
+    prompt: str
+    tenant: str
+    reason: str
+    frequency: int
+    cluster: int | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    top_percent: float = 5.0
+    per_cluster: int = 2
+    clusters: int | None = None  # None: chosen from the data (silhouette)
+    edge_cases: bool = False
+    max_prompt_tokens: int = 2047  # the server's limit (max_seq_len - 1)
+    near_limit_fraction: float = 0.9
+    max_auto_clusters: int = 12
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.top_percent <= 100.0:
+            raise ValueError(f"top_percent must be in [0, 100], got {self.top_percent}")
+        if self.per_cluster < 0:
+            raise ValueError(f"per_cluster must be >= 0, got {self.per_cluster}")
+        if self.clusters is not None and self.clusters < 1:
+            raise ValueError(f"clusters must be >= 1 or None (auto), got {self.clusters}")
+        if not 0.0 < self.near_limit_fraction <= 1.0:
+            raise ValueError(f"near_limit_fraction must be in (0, 1], got {self.near_limit_fraction}")
+
+
+@dataclass(frozen=True)
+class PromptStats:
+    """A distinct (tenant, normalized prompt): `text` is its most frequent raw form (that is what real
+    requests send, so that is the prefix worth caching), `first_seen` breaks frequency ties stably."""
+
+    tenant: str
+    key: str
+    text: str
+    frequency: int
+    first_seen: int
+
+
+def count_prompts(records: Sequence[LogRecord]) -> list[PromptStats]:
+    """Distinct prompts per tenant, most frequent first (ties: first seen in the log first)."""
+    variants: dict[tuple[str, str], Counter[str]] = {}
+    first: dict[tuple[str, str], int] = {}
+    for index, record in enumerate(records):
+        key = (record.tenant, normalize_prompt(record.prompt))
+        variants.setdefault(key, Counter())[record.prompt] += 1
+        first.setdefault(key, index)
+    stats = [
+        PromptStats(tenant, norm, forms.most_common(1)[0][0], sum(forms.values()), first[(tenant, norm)])
+        for (tenant, norm), forms in variants.items()
+    ]
+    return sorted(stats, key=lambda s: (-s.frequency, s.first_seen))
+
+
+def choose_k(embeddings: np.ndarray, max_k: int, seed: int) -> int:
+    """k with the best silhouette among 2..max_k: topics in a query log are few and well separated in
+    MiniLM space, and silhouette needs no guess of their number. Fewer than 4 points: one cluster."""
+    from sklearn.metrics import silhouette_score
+
+    n = len(embeddings)
+    if n < 4:
+        return 1
+    best_k, best_score = 1, -1.0
+    for k in range(2, min(max_k, n - 1) + 1):
+        labels = _kmeans(embeddings, k, seed)
+        if len(set(labels.tolist())) < 2:
+            continue
+        score = float(silhouette_score(embeddings, labels, sample_size=min(n, 3000), random_state=seed))
+        if score > best_score + 1e-9:
+            best_k, best_score = k, score
+    return best_k
+
+
+def _kmeans(embeddings: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """KMeans up to a few thousand distinct prompts; MiniBatchKMeans beyond, where full passes get slow."""
+    from sklearn.cluster import KMeans, MiniBatchKMeans
+
+    if k <= 1:
+        return np.zeros(len(embeddings), dtype=np.int64)
+    if len(embeddings) > 5000:
+        model = MiniBatchKMeans(n_clusters=k, random_state=seed, n_init=3, batch_size=1024)
+    else:
+        model = KMeans(n_clusters=k, random_state=seed, n_init=4)
+    return model.fit_predict(embeddings)
+
+
+def cluster_prompts(texts: list[str], embed: EmbedFn, config: SelectionConfig) -> dict[str, int]:
+    """normalized text -> cluster id; texts are clustered once across tenants (topics are shared),
+    cluster ids renumbered by first appearance so they are stable for a given log."""
+    if not texts:
+        return {}
+    embeddings = np.asarray(embed(texts), dtype=np.float32)
+    k = config.clusters if config.clusters is not None else choose_k(embeddings, config.max_auto_clusters,
+                                                                     config.seed)  # fmt: skip
+    labels = _kmeans(embeddings, min(k, len(texts)), config.seed)
+    renumber: dict[int, int] = {}
+    for label in labels.tolist():
+        renumber.setdefault(label, len(renumber))
+    return {text: renumber[label] for text, label in zip(texts, labels.tolist())}
+
+
+def near_limit_prompt(source_texts: Sequence[str], target_tokens: int, count_tokens: TokenCounter) -> str:
+    """The longest prefix of the log's own text (cycled) with at most `target_tokens` tokens: realistic
+    text of the length that the largest prefill bucket and KV allocation have to handle."""
+    base = " ".join(source_texts) or FILLER
+    text = base
+    while count_tokens(text) < target_tokens and len(text) < 64 * max(target_tokens, 1):
+        text += " " + base
+    lo, hi = 1, len(text)
+    while lo < hi:  # the largest length whose prefix fits
+        mid = (lo + hi + 1) // 2
+        if count_tokens(text[:mid]) <= target_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo].rstrip() or SHORT_PROMPT
+
+
+def _edge_cases(
+    stats: Sequence[PromptStats],
+    clusters: dict[str, int],
+    config: SelectionConfig,
+    count_tokens: TokenCounter,
+) -> list[WarmupItem]:
+    tenant_load: Counter[str] = Counter()
+    for s in stats:
+        tenant_load[s.tenant] += s.frequency
+    busiest = tenant_load.most_common(1)[0][0] if tenant_load else DEFAULT_TENANT
+    items = []
+    if stats:
+        longest = max(stats, key=lambda s: (count_tokens(s.text), len(s.text), -s.first_seen))
+        items.append(WarmupItem(longest.text, longest.tenant, REASON_EDGE, longest.frequency,
+                                clusters.get(longest.key), "longest_seen"))  # fmt: skip
+    target = max(1, int(config.max_prompt_tokens * config.near_limit_fraction))
+    near = near_limit_prompt([s.text.strip() for s in stats], target, count_tokens)
+    items.append(WarmupItem(near, busiest, REASON_EDGE, 0, None, "near_limit"))
+    items.append(WarmupItem(SHORT_PROMPT, busiest, REASON_EDGE, 0, None, "very_short"))
+    items.append(WarmupItem(NON_ASCII_PROMPT, busiest, REASON_EDGE, 0, None, "non_ascii"))
+    return items
+
+
+def select_warmup_set(
+    records: Sequence[LogRecord],
+    templates: Sequence[SloTemplate],
+    *,
+    embed: EmbedFn,
+    config: SelectionConfig | None = None,
+    count_tokens: TokenCounter = utf8_token_bound,
+) -> list[WarmupItem]:
+    """The warmup selection, in send order: top `top_percent` of distinct (tenant, prompt) by frequency
+    (at least one when the log has any), then the `per_cluster` most frequent of each cluster not
+    already chosen, then the SLO templates, then (with `edge_cases`) the synthetic edge cases. An item
+    appears once per (tenant, normalized prompt), under its first reason. Log prompts longer than
+    `max_prompt_tokens` are left out: the server would reject them."""
+    config = config or SelectionConfig()
+    stats = [s for s in count_prompts(records) if count_tokens(s.text) <= config.max_prompt_tokens]
+    clusters = cluster_prompts(list(dict.fromkeys(s.key for s in stats)), embed, config)
+    chosen: dict[tuple[str, str], WarmupItem] = {}
+
+    def add(item: WarmupItem) -> None:
+        chosen.setdefault((item.tenant, normalize_prompt(item.prompt)), item)
+
+    n_top = math.ceil(len(stats) * config.top_percent / 100.0) if config.top_percent > 0 else 0
+    for s in stats[:n_top]:
+        add(WarmupItem(s.text, s.tenant, REASON_TOP, s.frequency, clusters[s.key]))
+    per_cluster: dict[int, list[PromptStats]] = {}
+    for s in stats:  # already most frequent first
+        per_cluster.setdefault(clusters[s.key], []).append(s)
+    for cluster in sorted(per_cluster):
+        for s in per_cluster[cluster][: config.per_cluster]:
+            add(WarmupItem(s.text, s.tenant, REASON_CLUSTER, s.frequency, cluster))
+    for t in templates:
+        add(WarmupItem(t.prompt, t.tenant, REASON_TEMPLATE, 0, None, t.scenario))
+    if config.edge_cases:
+        for item in _edge_cases(stats, clusters, config, count_tokens):
+            add(item)
+    return list(chosen.values())
+
+
+def too_long(records: Sequence[LogRecord], max_prompt_tokens: int, count_tokens: TokenCounter) -> int:
+    """Distinct log prompts the selection leaves out for exceeding the server's prompt limit."""
+    return sum(1 for s in count_prompts(records) if count_tokens(s.text) > max_prompt_tokens)
+
+
+# ------------------------------------------------------------------------------------------------- sending
+@dataclass(frozen=True)
+class SendConfig:
+    url: str
+    model: str = "llm"
+    concurrency: int = 4
+    max_tokens: int = 4
+    timeout_s: float = 600.0
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class WarmupOutcome:
+    item: WarmupItem
+    sent: bool
+    ttft_s: float | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.sent and self.error is None
+
+
+def send_warmup_set(items: Sequence[WarmupItem], config: SendConfig, err: TextIO) -> list[WarmupOutcome]:
+    """Send every item at tier warmup on one gRPC stream, at most `concurrency` in flight. Greedy
+    sampling (temperature 0) so the response caches may keep the answers; few new tokens, because the
+    point is the prefill (the KV blocks), not the text. Items left when `timeout_s` ran out are
+    cancelled or not sent, and count as failed."""
+    if config.concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {config.concurrency}")
+    sampling = {"max_tokens": config.max_tokens, "temperature": 0.0}
+    deadline = time.monotonic() + config.timeout_s
+    by_id: dict[str, WarmupItem] = {}
+    unsent: list[WarmupItem] = []
+    with (
+        StreamingSession(config.url, model=config.model) as session,
+        tqdm(total=len(items), desc="warmup", unit="req", file=err, disable=not config.progress) as bar,
+    ):
+        in_flight: list[str] = []
+        for index, item in enumerate(items):
+            while len(in_flight) >= config.concurrency and in_flight:
+                in_flight = _wait_any(session, in_flight, deadline, bar)
+            if time.monotonic() >= deadline:
+                unsent = list(items[index:])
+                break
+            rid = session.submit(item.prompt, sampling=sampling, tier=WARMUP_TIER, tenant=item.tenant,
+                                 exclude_input_in_output=True)  # fmt: skip
+            by_id[rid] = item
+            in_flight.append(rid)
+        while in_flight:
+            in_flight = _wait_any(session, in_flight, deadline, bar)
+        results = session.results()
+    outcomes = [WarmupOutcome(by_id[rid], True, r.ttft_s, r.error) for rid, r in results.items()]
+    outcomes += [WarmupOutcome(item, False, None, "not sent: the job's timeout ran out") for item in unsent]
+    return outcomes
+
+
+def _wait_any(session: StreamingSession, in_flight: list[str], deadline: float, bar: tqdm) -> list[str]:
+    """Block until at least one in-flight request finished (polling: StreamingSession.wait waits for
+    all of a set); past the deadline, cancel the stream, which fails whatever is left."""
+    while True:
+        unfinished = set(session.unfinished())
+        still = [rid for rid in in_flight if rid in unfinished]
+        if len(still) < len(in_flight):
+            bar.update(len(in_flight) - len(still))
+            return still
+        if time.monotonic() >= deadline:
+            session.cancel()
+            bar.update(len(in_flight))
+            return []
+        session.wait([in_flight[0]], timeout_s=0.02)
+
+
+# ------------------------------------------------------------------------------------------------ reports
+def _percentile_ms(values: list[float], q: float) -> str:
+    return "n/a" if not values else f"{float(np.percentile(values, q)) * 1000:.1f}"
+
+
+def summary_rows(outcomes: Sequence[WarmupOutcome]) -> list[list[object]]:
+    """Per reason and in total: items, sent, failed, TTFT P50/P95 (ms) of the successful requests."""
+    rows: list[list[object]] = []
+    for reason in (*REASONS, "all"):
+        group = [o for o in outcomes if reason in ("all", o.item.reason)]
+        if not group and reason != "all":
+            continue
+        ttfts = [o.ttft_s for o in group if o.ok and o.ttft_s is not None]
+        rows.append([reason, len(group), sum(o.sent for o in group), sum(not o.ok for o in group),
+                     _percentile_ms(ttfts, 50), _percentile_ms(ttfts, 95)])  # fmt: skip
+    return rows
+
+
+def selection_rows(items: Sequence[WarmupItem]) -> list[list[object]]:
+    def short(text: str, width: int = 60) -> str:
+        flat = text.replace("\n", "\\n")
+        return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+    return [
+        [
+            i,
+            item.reason,
+            item.detail,
+            item.tenant,
+            item.frequency,
+            "" if item.cluster is None else item.cluster,
+            len(item.prompt),
+            short(item.prompt),
+        ]  # fmt: skip
+        for i, item in enumerate(items, start=1)
+    ]
+
+
+def _table(headers: list[str], rows: list[list[object]], out: TextIO) -> None:
+    from bench.common import print_table
+
+    with contextlib.redirect_stdout(out):
+        print_table(headers, rows)
+
+
+# ---------------------------------------------------------------------------------------------- whole job
+@dataclass(frozen=True)
+class JobOptions:
+    log: Path
+    templates: Path | None
+    selection: SelectionConfig
+    send: SendConfig
+    tenant_field: str = "tenant"
+    tokenizer: Path | None = None
+    dry_run: bool = False
+
+
+def token_counter(tokenizer: Path | None) -> TokenCounter:
+    """The served model's tokenizer (tokenizer.json) when given: exact counts, like the server's check;
+    otherwise the byte bound, which never lets an over-limit prompt through but underfills near_limit."""
+    if tokenizer is None:
+        return utf8_token_bound
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    return lambda text: len(tok.encode(text).ids)
+
+
+def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | None = None) -> int:
+    """Select, print, and (unless dry run) send; 0 when every request succeeded, 1 when any failed,
+    2 when the inputs cannot be read."""
+    try:
+        log = read_query_log(options.log, options.tenant_field)
+        templates = load_templates(options.templates) if options.templates else []
+        count_tokens = token_counter(options.tokenizer)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    for line in log.describe_malformed(str(options.log)):
+        print(line, file=err)
+    if embed is None:
+        from cache.embedder import MiniLMEmbedder
+
+        embed = MiniLMEmbedder().embed
+    items = select_warmup_set(log.records, templates, embed=embed, config=options.selection,
+                              count_tokens=count_tokens)  # fmt: skip
+    dropped = too_long(log.records, options.selection.max_prompt_tokens, count_tokens)
+    if dropped:
+        print(
+            f"left out {dropped} distinct log prompts over {options.selection.max_prompt_tokens} tokens",
+            file=err,
+        )
+    print(f"{len(log.records)} records, {len(count_prompts(log.records))} distinct prompts; "
+          f"selected {len(items)} warmup items", file=out)  # fmt: skip
+    if options.dry_run:
+        _table(
+            ["#", "reason", "detail", "tenant", "freq", "cluster", "chars", "prompt"],
+            selection_rows(items),
+            out,
+        )
+        print("dry run: nothing sent", file=out)
+        return 0
+    outcomes = send_warmup_set(items, options.send, err)
+    _table(["reason", "items", "sent", "failed", "TTFT P50 ms", "TTFT P95 ms"], summary_rows(outcomes), out)
+    failed = [o for o in outcomes if not o.ok]
+    for o in failed[:MALFORMED_SHOWN]:
+        print(f"failed: {o.item.reason} {o.item.detail or ''} tenant={o.item.tenant}: {o.error}", file=err)
+    return 1 if failed else 0
