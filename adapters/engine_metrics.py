@@ -92,7 +92,7 @@ class TritonEngineObserver(EngineObserver):
             self._metric(self.ttft_count, tier=tier)
             self._histogram(tier)
             self._metric(self.tokens, tier=tier)
-            for status in ("stop", "length", "cancelled", "error"):
+            for status in ("stop", "length", "cancelled", "error", "cached"):
                 self._metric(self.finished, tier=tier, status=status)
         for result in ("reused", "computed"):
             self._metric(self.prefix_tokens, result=result)

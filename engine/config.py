@@ -59,6 +59,7 @@ class EngineConfig:
     prefix_block_size: int = 16
     l3_kv_cache: bool = True
     l3_ttl_s: float = 86400.0
+    response_cache: bool = True
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""

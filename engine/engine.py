@@ -25,6 +25,7 @@ from engine.sampling import Sampler, pick_tokens
 from engine.stop_strings import StopMatcher
 from engine.traffic_recorder import TrafficRecorder
 from scheduler.errors import RequestError
+from engine.response_tier import ResponseTier
 from engine.slo_feedback import SloFeedbackLoop
 from scheduler.admission import AdmissionController, EngineLoad
 from scheduler.feedback import FeedbackController
@@ -81,6 +82,7 @@ class Engine:
         self.decode_step_s = Ewma()
         self.output_tokens = Ewma()
         self.feedback: SloFeedbackLoop | None = None
+        self.responses: ResponseTier | None = None
         self._active: dict[int, _Active] = {}
         self._free = list(range(runner.slots - 1, -1, -1))
         self._lock = threading.Condition()
@@ -116,6 +118,11 @@ class Engine:
         request.received_ns = request.received_ns or time.time_ns()
         if self.recorder is not None and request.params.tier != "warmup":  # user traffic only
             self.recorder.observe_prompt(length)
+        if self.responses is not None and (
+            cached := self.responses.lookup(request.prompt_ids, request.params)
+        ):
+            self._answer_from_cache(request, cached)
+            return
         with self._lock:
             if not self._accepting:
                 raise RequestError.unavailable("the engine is shutting down; retry on another replica")
@@ -127,6 +134,15 @@ class Engine:
                 decision.raise_if_rejected()
             self.policy_queue.push(request)
             self._lock.notify()
+
+    def _answer_from_cache(self, request: EngineRequest, output: list[int]) -> None:
+        """A response-cache hit: one final window, no slot, no model call."""
+        params = request.params
+        window = output if params.stream or params.exclude_input_in_output else request.prompt_ids + output
+        request.sink.send(window, 0, True, 0)
+        self.stats.count_finish("cached")
+        self.observer.on_first_token(params.tier, (time.time_ns() - request.received_ns) / 1e9)
+        self.observer.on_finish(params.tier, "cached", len(output))
 
     def apply_feedback(self, controller: FeedbackController) -> None:
         """Adopt the controller's tier weights in the queue (aging) and admission (thresholds)."""
@@ -178,6 +194,8 @@ class Engine:
             self.feedback.stop()
         if self.prefix_cache is not None and self.prefix_cache.l3 is not None:
             self.prefix_cache.l3.close()
+        if self.responses is not None:
+            self.responses.close()
         message = "the model was unloaded before this request finished; retry"
         for request in self._drain_queue():
             request.sink.fail("UNAVAILABLE", message)
@@ -370,6 +388,8 @@ class Engine:
     def _emit(self, state: _Active, final: bool) -> None:
         params = state.request.params
         ready, trim = state.stop.releasable(finished=final)
+        if final and self.responses is not None and state.done in ("stop", "length"):
+            self.responses.remember(state.request.prompt_ids, params, state.output[:ready], trim)
         if params.stream:
             if ready <= state.sent and not final:
                 return

@@ -21,7 +21,9 @@ from engine.engine import Engine
 from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
 from cache.kv_format import KVBlockMeta, dtype_name
+from cache.response_cache import ExactResponseCache
 from engine.kv_tiers import LAYOUT, L3Tier
+from engine.response_tier import ResponseTier
 from engine.prefix_cache import PrefixCache
 from engine.slo_feedback import SloFeedbackLoop
 from scheduler.feedback import FeedbackController
@@ -114,6 +116,23 @@ def build_l3(
     return L3Tier(store, meta)
 
 
+def build_response_tier(
+    config: EngineConfig, fingerprint: str, model_dir: Path, decoder, log
+) -> ResponseTier | None:
+    """The exact response cache on the serving path, or None without Redis (or redis-py)."""
+    if not (config.response_cache and config.redis_url):
+        return None
+    try:
+        cache = ExactResponseCache(config.redis_url, fingerprint)
+    except ImportError as exc:
+        log(f"response cache off: {exc}")
+        return None
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return ResponseTier(
+        cache, lambda text: tokenizer.encode(text, add_special_tokens=False).ids, decoder.raw_bytes
+    )
+
+
 def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], str]], list[dict]]:
     """Hot prefixes from a YAML file ({templates: [{text, tenant}]}) as (token ids, tenant), in file
     order (= priority). A missing or malformed file is a warmup failure, never a load failure."""
@@ -190,6 +209,7 @@ def load_engine(
         )
         engine.prefix_cache.l3 = build_l3(config, model_name, fingerprint, runner, log)
     hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
+    engine.responses = build_response_tier(config, fingerprint, model_dir, decoder, log)
     load_seconds = time.perf_counter() - started
     log(
         f"loaded {model_dir} on {runner.device} ({config.dtype}) in {load_seconds:.2f}s; "

@@ -194,3 +194,22 @@ def _bytes_input(name: str, value: bytes) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput(name, [1], "BYTES")
     tensor.set_data_from_numpy(np.array([value], dtype=np.object_))
     return tensor
+
+
+def test_a_repeated_greedy_request_is_answered_from_the_response_cache(grpc_url, metrics_url):
+    prompt, sampling = "Response cache probe: the same question twice", {"max_tokens": 12, "ignore_eos": True}
+    first = generate(grpc_url, prompt, sampling=sampling, tenant="rc-a")
+    cached_before = engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
+    def served_from_cache() -> bool:  # the answer is written in the background: poll until the hit shows
+        again = generate(grpc_url, prompt, sampling=sampling, tenant="rc-a")
+        hits = engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
+        return again.text == first.text and hits > cached_before
+
+    assert wait_for(served_from_cache)
+    after_hit = engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
+    other_tenant = generate(grpc_url, prompt, sampling=sampling, tenant="rc-b")
+    sampled = generate(grpc_url, prompt, sampling={**sampling, "temperature": 0.7}, tenant="rc-a")
+    assert other_tenant.text == first.text and sampled.text
+    assert engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached") == after_hit, (
+        "another tenant and unseeded sampling are never served from the cache"
+    )
