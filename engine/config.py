@@ -57,6 +57,7 @@ class EngineConfig:
     feedback_interval_s: float = 5.0
     prefix_cache_blocks: int = 256
     prefix_block_size: int = 16
+    l2_cache_blocks: int = 1024
     l3_kv_cache: bool = True
     l3_ttl_s: float = 86400.0
     response_cache: bool = True

@@ -23,6 +23,7 @@ from engine.model_runner import ModelRunner
 from cache.kv_format import KVBlockMeta, dtype_name
 from cache.response_cache import ExactResponseCache
 from engine.kv_tiers import LAYOUT, L3Tier
+from engine.l2_pool import HostBlockPool
 from engine.response_tier import ResponseTier
 from engine.prefix_cache import PrefixCache
 from engine.slo_feedback import SloFeedbackLoop
@@ -208,6 +209,11 @@ def load_engine(
             runner, config.prefix_cache_blocks, config.prefix_block_size, fingerprint
         )
         engine.prefix_cache.l3 = build_l3(config, model_name, fingerprint, runner, log)
+        if config.l2_cache_blocks > 0:
+            pool = engine.prefix_cache.pool
+            engine.prefix_cache.l2 = HostBlockPool(
+                config.l2_cache_blocks, tuple(pool.shape[1:]), pool.dtype, pin=runner.device.type == "cuda"
+            )
     hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
     engine.responses = build_response_tier(config, fingerprint, model_dir, decoder, log)
     load_seconds = time.perf_counter() - started

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.kv_tiers import L3Tier
+from engine.l2_pool import HostBlockPool
 from engine.model_runner import ModelRunner
 
 
@@ -47,6 +48,7 @@ class PrefixCache:
         self.free = list(range(capacity_blocks - 1, -1, -1))
         self.pinned: set[bytes] = set()
         self.evictions = 0
+        self.l2: HostBlockPool | None = None
         self.l3: L3Tier | None = None
 
     @property
@@ -69,6 +71,8 @@ class PrefixCache:
             if key not in self.index:
                 break
             found.append(key)
+        if self.l2 is not None:
+            found += self._promote(keys[len(found) :], self._l2_run(keys[len(found) :]))
         if self.l3 is not None and len(found) < len(keys):
             found += self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :]))
         for key in reversed(found):  # the head ends most recent: tails are evicted first
@@ -101,6 +105,16 @@ class PrefixCache:
             self.l3.publish([keys[i] for i in stored], blocks[stored])
         return len(stored)
 
+    def _l2_run(self, keys: list[bytes]) -> list[torch.Tensor]:
+        """The leading blocks of `keys` held in host memory (L2)."""
+        blocks = []
+        for key in keys:
+            block = self.l2.get(key)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
     def _promote(self, keys: list[bytes], blocks: list[torch.Tensor]) -> list[bytes]:
         """Bring blocks fetched from L3 into the pool; returns the keys now in L1."""
         promoted = []
@@ -119,5 +133,8 @@ class PrefixCache:
         for key in self.index:  # oldest first
             if key not in self.pinned:
                 self.evictions += 1
-                return self.index.pop(key)
+                index = self.index.pop(key)
+                if self.l2 is not None:  # demote rather than forget
+                    self.l2.put(key, self.pool[index])
+                return index
         return None

@@ -1,0 +1,82 @@
+"""L2: KV blocks evicted from the device pool, kept in host memory (pinned on CUDA hosts, so the copy
+back is a fast DMA), reusable across sessions before anything has to come from Redis.
+
+Eviction is an LRU-K + LFU hybrid: the victim is the block whose K-th most recent use lies furthest
+back (blocks used fewer than K times go first, since one-off prompts should not push out prefixes
+that keep coming back), ties broken by lower use count, then by older last use. Pinned blocks
+(warmed prefixes) are never evicted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import torch
+
+
+class HostBlockPool:
+    def __init__(
+        self, capacity: int, block_shape: tuple[int, ...], dtype: torch.dtype, pin: bool, k: int = 2
+    ):
+        self.pool = torch.empty((capacity, *block_shape), dtype=dtype, pin_memory=pin)
+        self.k = k
+        self.index: dict[bytes, int] = {}
+        self.history: dict[bytes, deque[int]] = {}
+        self.uses: dict[bytes, int] = {}
+        self.pinned: set[bytes] = set()
+        self.free = list(range(capacity - 1, -1, -1))
+        self._tick = itertools.count()
+        self.evictions = 0
+        self.hits = 0
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.index
+
+    def put(self, key: bytes, block: torch.Tensor, pin: bool = False) -> bool:
+        """Keep a copy of `block`; False when every slot holds a pinned block."""
+        if key not in self.index:
+            index = self.free.pop() if self.free else self._evict()
+            if index is None:
+                return False
+            self.index[key] = index
+            self.history[key] = deque(maxlen=self.k)
+            self.uses[key] = 0
+        self.pool[self.index[key]].copy_(block)
+        if pin:
+            self.pinned.add(key)
+        self._touch(key)
+        return True
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        index = self.index.get(key)
+        if index is None:
+            return None
+        self.hits += 1
+        self._touch(key)
+        return self.pool[index]
+
+    def victim(self) -> bytes | None:
+        """The key eviction would take now (exposed so tests can check the policy)."""
+        candidates = [key for key in self.index if key not in self.pinned]
+        if not candidates:
+            return None
+
+        def rank(key: bytes) -> tuple[int, int, int]:
+            history = self.history[key]
+            kth = history[0] if len(history) == self.k else -1  # fewer than K uses: infinitely old
+            return kth, self.uses[key], history[-1]
+
+        return min(candidates, key=rank)
+
+    def _touch(self, key: bytes) -> None:
+        self.history[key].append(next(self._tick))
+        self.uses[key] += 1
+
+    def _evict(self) -> int | None:
+        key = self.victim()
+        if key is None:
+            return None
+        self.evictions += 1
+        del self.history[key], self.uses[key]
+        return self.index.pop(key)

@@ -1,0 +1,51 @@
+"""L2 host pool: LRU-K + LFU eviction, pinning, and L1 -> L2 -> L1 round trips with identical output."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.l2_pool import HostBlockPool
+from tests.test_prefix_cache import PREFIX, make_engine, model, run  # noqa: F401
+
+
+def block(value: float) -> torch.Tensor:
+    return torch.full((2, 3), value)
+
+
+def test_blocks_used_once_go_before_blocks_that_keep_coming_back():
+    pool = HostBlockPool(3, (2, 3), torch.float32, pin=False, k=2)
+    pool.put(b"hot", block(1))
+    pool.get(b"hot")  # two uses
+    pool.put(b"once-old", block(2))
+    pool.put(b"once-new", block(3))
+    assert pool.victim() == b"once-old", "fewer than K uses: evicted first, older first"
+    pool.put(b"incoming", block(4))
+    assert b"once-old" not in pool and b"hot" in pool and pool.evictions == 1
+
+
+def test_among_blocks_with_k_uses_the_oldest_kth_use_goes_and_pins_stay():
+    pool = HostBlockPool(3, (2, 3), torch.float32, pin=False, k=2)
+    for key in (b"a", b"b", b"c"):
+        pool.put(key, block(0))
+    pool.get(b"a")
+    pool.get(b"b")
+    pool.get(b"c")
+    pool.get(b"a")
+    assert pool.victim() == b"b"
+    pool.put(b"b", block(9), pin=True)
+    assert pool.victim() == b"c"
+    assert torch.equal(pool.get(b"b"), block(9))
+
+
+def test_evicted_l1_blocks_come_back_from_l2_with_identical_output(model):  # noqa: F811
+    plain = make_engine(model)
+    plain.prefix_cache = None
+    expected = run(plain, PREFIX + [5, 6])
+    engine = make_engine(model, capacity=3)
+    cache = engine.prefix_cache
+    cache.l2 = HostBlockPool(16, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
+    run(engine, PREFIX + [9])  # three blocks fill L1
+    run(engine, [1] + list(range(150, 198)))  # three other blocks push them down to L2
+    assert cache.evictions == 3 and len(cache.l2.index) == 3
+    assert run(engine, PREFIX + [5, 6]) == expected
+    assert cache.l2.hits == 3 and engine.stats.prefix_reused_tokens == 48
