@@ -1,0 +1,269 @@
+"""The warmup job (client/warmup_job.py): selection on a fixed log, log parsing, CLI modes, dry run, and a
+real run against the live server that must show up in the engine's warmup-tier counter."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import warmup_job as wj
+from client.__main__ import main
+from client.metrics import metric_total, scrape_metrics
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = REPO_ROOT / "models" / "tiny-llama" / "tokenizer.json"
+TOPICS = ("refund", "shipping", "password")
+
+
+def topic_embed(texts: list[str]) -> np.ndarray:
+    """Deterministic stand-in for MiniLM: one axis per topic keyword plus a small jitter from SHA-256, so
+    the clusters of the fixed log are known exactly (the real model is exercised by the CLI tests)."""
+    out = np.zeros((len(texts), 8), dtype=np.float32)
+    for row, text in enumerate(texts):
+        axis = next(i for i, topic in enumerate(TOPICS) if topic in text.lower())
+        jitter = np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], dtype=np.uint8) / 255.0
+        out[row] = jitter * 0.02
+        out[row, axis] += 1.0
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+# (tenant, prompt, count): the head of each topic, then a tail of rare prompts (38 distinct in all)
+HEAD = [
+    ("acme", "Refund for order 1?", 30),
+    ("acme", "Shipping to Berlin?", 20),
+    ("globex", "Refund for order 1?", 12),  # same text, other tenant: its own entry
+    ("acme", "Refund for order 2?", 9),
+    ("globex", "Shipping to Lyon?", 8),
+    ("globex", "Shipping to Osaka?", 7),
+    ("globex", "Reset my password?", 6),
+    ("acme", "Reset my password please", 5),
+]
+TAIL = [
+    ("acme" if i % 2 else "globex", text.format(i), 1 + i % 3)
+    for text in ("Refund for order {}00?", "Shipping to depot {}?", "Password hint number {}?")
+    for i in range(10)
+]
+
+
+def fixed_log() -> list[wj.LogRecord]:
+    """Counts as in HEAD and TAIL, interleaved; 4 of acme's 30 refund requests differ only in whitespace."""
+    remaining = {(t, p): n for t, p, n in HEAD + TAIL}
+    records: list[wj.LogRecord] = []
+    while any(remaining.values()):
+        for (tenant, prompt), left in remaining.items():
+            if left:
+                variant = (
+                    prompt.replace(" ", "  ", 1) if prompt == "Refund for order 1?" and left <= 4 else prompt
+                )
+                records.append(wj.LogRecord(variant if tenant == "acme" else prompt, tenant))
+                remaining[(tenant, prompt)] = left - 1
+    return records
+
+
+TEMPLATES = [
+    wj.SloTemplate("checkout", "acme", "You are the checkout assistant. Question:"),
+    wj.SloTemplate("dup_of_log", "acme", "Reset my   password please"),  # already picked from the log
+    wj.SloTemplate("other_tenant", "initech", "Reset my password please"),  # same text, other tenant: kept
+]
+
+
+def key(item: wj.WarmupItem) -> tuple[object, ...]:
+    return (item.prompt, item.tenant, item.reason, item.frequency, item.cluster, item.detail)
+
+
+@pytest.mark.parametrize("clusters", [3, None], ids=["k=3", "k=auto"])
+def test_selection_on_fixed_log_is_exactly_as_specified(clusters: int | None) -> None:
+    config = wj.SelectionConfig(top_percent=5.0, per_cluster=2, clusters=clusters, edge_cases=False)
+    items = wj.select_warmup_set(fixed_log(), TEMPLATES, embed=topic_embed, config=config)
+    # 38 distinct (tenant, prompt): top 5% = ceil(1.9) = 2; clusters numbered by first appearance
+    # (refund 0, shipping 1, password 2); each cluster's top 2, minus those already taken (no refill)
+    assert [key(i) for i in items] == [
+        ("Refund for order 1?", "acme", "top_frequency", 30, 0, ""),
+        ("Shipping to Berlin?", "acme", "top_frequency", 20, 1, ""),
+        ("Refund for order 1?", "globex", "cluster_top", 12, 0, ""),
+        ("Shipping to Lyon?", "globex", "cluster_top", 8, 1, ""),
+        ("Reset my password?", "globex", "cluster_top", 6, 2, ""),
+        ("Reset my password please", "acme", "cluster_top", 5, 2, ""),
+        ("You are the checkout assistant. Question:", "acme", "slo_template", 0, None, "checkout"),
+        ("Reset my password please", "initech", "slo_template", 0, None, "other_tenant"),
+    ]
+
+
+def test_no_duplicates_and_whitespace_variants_counted_together() -> None:
+    items = wj.select_warmup_set(
+        fixed_log(), TEMPLATES, embed=topic_embed,
+        config=wj.SelectionConfig(top_percent=50, per_cluster=5, clusters=3, edge_cases=True),
+    )  # fmt: skip
+    keys = [(i.tenant, wj.normalize_prompt(i.prompt)) for i in items]
+    assert len(keys) == len(set(keys))
+    refund = [i for i in items if i.tenant == "acme" and i.prompt.startswith("Refund")]
+    # the most frequent raw form is sent, the count covers every whitespace variant
+    assert refund[0].prompt == "Refund for order 1?" and refund[0].frequency == 30
+    assert {i.tenant for i in items} == {"acme", "globex", "initech"}
+
+
+def test_top_percent_rounds_up_and_per_cluster_zero() -> None:
+    config = wj.SelectionConfig(top_percent=10, per_cluster=0, clusters=3)
+    items = wj.select_warmup_set(fixed_log(), [], embed=topic_embed, config=config)
+    assert [(i.prompt, i.tenant) for i in items] == [  # ceil(3.8) = 4
+        ("Refund for order 1?", "acme"), ("Shipping to Berlin?", "acme"),
+        ("Refund for order 1?", "globex"), ("Refund for order 2?", "acme"),
+    ]  # fmt: skip
+
+
+def test_edge_cases() -> None:
+    long_prompt = "Refund question with a very long body: " + "details " * 50
+    records = [*fixed_log(), wj.LogRecord(long_prompt, "globex")]
+    config = wj.SelectionConfig(
+        top_percent=0, per_cluster=0, clusters=3, edge_cases=True, max_prompt_tokens=500
+    )
+    items = wj.select_warmup_set(records, [], embed=topic_embed, config=config)
+    edges = {i.detail: i for i in items}
+    assert all(i.reason == "edge_case" for i in items)
+    assert list(edges) == ["longest_seen", "near_limit", "very_short", "non_ascii"]
+    assert edges["longest_seen"].prompt == long_prompt and edges["longest_seen"].tenant == "globex"
+    near = wj.utf8_token_bound(edges["near_limit"].prompt)
+    assert 450 - 10 <= near <= 450  # 90% of the limit, never over it
+    assert len(edges["very_short"].prompt) <= 3
+    assert not edges["non_ascii"].prompt.isascii()
+    assert edges["near_limit"].tenant == "acme"  # synthetic cases go to the busiest tenant
+
+
+def test_prompts_over_the_limit_are_left_out() -> None:
+    over = wj.LogRecord("Refund " + "x" * 600, "acme")
+    records = [over] * 50 + fixed_log()
+    config = wj.SelectionConfig(clusters=3, edge_cases=True, max_prompt_tokens=500)
+    items = wj.select_warmup_set(records, [], embed=topic_embed, config=config)
+    assert over.prompt not in {i.prompt for i in items}
+    assert wj.too_long(records, 500, wj.utf8_token_bound) == 1
+
+
+def test_malformed_lines_are_skipped_and_counted() -> None:
+    lines = [
+        '{"prompt": "Refund for order 1?", "tenant": "acme", "ts": "2024-06-11T08:00:00Z"}',
+        "not json at all",
+        "",
+        "[1, 2]",
+        '{"tenant": "acme"}',
+        '{"prompt": "   ", "tenant": "acme"}',
+        '{"prompt": "ok", "tenant": "bad tenant!"}',
+        '{"prompt": "Shipping to Berlin?"}',
+        '{"prompt": "Shipping to Berlin?", "org": "globex"',
+    ]
+    log = wj.parse_query_log(lines)
+    assert [(r.prompt, r.tenant) for r in log.records] == [
+        ("Refund for order 1?", "acme"), ("Shipping to Berlin?", "default"),
+    ]  # fmt: skip
+    assert [m.line_no for m in log.malformed] == [2, 4, 5, 6, 7, 9]
+    assert log.total_lines == 8
+    assert "not valid JSON" in log.malformed[0].reason and "JSON object" in log.malformed[1].reason
+    assert "tenant" in log.malformed[4].reason
+    text = "\n".join(log.describe_malformed("q.jsonl", shown=2))
+    assert "q.jsonl:2: skipped" in text and "and 4 more" in text and "skipped 6 malformed of 8" in text
+    assert [r.tenant for r in wj.parse_query_log(lines[7:8], tenant_field="org").records] == ["default"]
+
+
+def test_templates_file_is_validated(tmp_path: Path) -> None:
+    shipped = wj.load_templates(REPO_ROOT / "data" / "slo_templates.yaml")
+    assert 3 <= len(shipped) <= 5 and all(t.tenant and t.scenario and t.prompt for t in shipped)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("scenarios:\n  - scenario: x\n    tenant: 'no spaces allowed'\n    prompt: hi\n")
+    with pytest.raises(ValueError, match=r"scenarios\[0\]: 'tenant'"):
+        wj.load_templates(bad)
+
+
+def _write_log(path: Path, records: list[wj.LogRecord], extra: list[str] = ()) -> Path:
+    import json
+
+    lines = [
+        json.dumps({"prompt": r.prompt, "tenant": r.tenant, "ts": "2024-06-11T08:00:00Z"}) for r in records
+    ]
+    path.write_text("\n".join([*lines, *extra]) + "\n", encoding="utf-8")
+    return path
+
+
+class _NoSession:
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("the dry run opened a stream to the server")
+
+
+def test_dry_run_sends_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wj, "StreamingSession", _NoSession)
+    log = _write_log(tmp_path / "q.jsonl", fixed_log(), extra=["{broken"])
+    options = wj.JobOptions(
+        log=log, templates=None, dry_run=True,
+        selection=wj.SelectionConfig(clusters=3, edge_cases=True),
+        send=wj.SendConfig(url="localhost:1", progress=False),
+    )  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    assert wj.run_job(options, out, err, embed=topic_embed) == 0
+    assert "dry run: nothing sent" in out.getvalue() and "Refund for order 1?" in out.getvalue()
+    assert "skipped 1 malformed" in err.getvalue()
+
+
+def test_cli_dry_run_on_the_shipped_log(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The committed log and templates through the real CLI and the real MiniLM embedder."""
+    monkeypatch.setattr(wj, "StreamingSession", _NoSession)
+    data = REPO_ROOT / "data"
+    argv = ["warmup", "--log", str(data / "query_log.jsonl"), "--templates", str(data / "slo_templates.yaml"),
+            "--edge-cases", "--dry-run", "--url", "localhost:1"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "dry run: nothing sent" in out
+    assert out.count("| top_frequency ") == 20  # 391 distinct prompts -> ceil(19.55)
+    assert out.count("| slo_template ") == 4 and out.count("| edge_case ") == 4
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["warmup"], "one of the arguments --rewarm --log is required"),
+        (["warmup", "--rewarm", "--log", "q.jsonl"], "not allowed with argument"),
+        (["warmup", "--rewarm", "--dry-run"], "--dry-run only apply to the warmup job"),
+        (["warmup", "--log", "q.jsonl", "--clusters", "many"], "--clusters must be 'auto'"),
+    ],
+)
+def test_cli_modes_are_exclusive(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_live_job_sends_at_warmup_tier(grpc_url: str, metrics_url: str) -> None:
+    """A small real run: templates, log picks and edge cases (near-limit included, sized with the served
+    model's tokenizer) all succeed, and the engine counts each one as a finished warmup-tier request."""
+    count_tokens = wj.token_counter(TOKENIZER)
+    nonce = str(time.time_ns())  # fresh prompts, so no response cache can answer them without the engine
+    records = [wj.LogRecord(f"{r.prompt} ({nonce})", r.tenant) for r in fixed_log()]
+    templates = [
+        wj.SloTemplate("checkout", "initech", f"You are the checkout assistant ({nonce}). Question:")
+    ]
+    config = wj.SelectionConfig(clusters=3, per_cluster=1, edge_cases=True)
+    items = wj.select_warmup_set(
+        records, templates, embed=topic_embed, config=config, count_tokens=count_tokens
+    )
+    assert {i.reason for i in items} == set(wj.REASONS)
+
+    before = metric_total(scrape_metrics(metrics_url), "llm_engine_requests_finished_total", tier="warmup")
+    outcomes = wj.send_warmup_set(
+        items, wj.SendConfig(url=grpc_url, concurrency=3, progress=False), io.StringIO()
+    )
+    assert [o.error for o in outcomes if not o.ok] == []
+    assert len(outcomes) == len(items) and all(o.sent for o in outcomes)
+    deadline, grown = time.monotonic() + 10, 0.0
+    while time.monotonic() < deadline:
+        after = metric_total(scrape_metrics(metrics_url), "llm_engine_requests_finished_total", tier="warmup")
+        grown = after - before
+        if grown >= len(items):
+            break
+        time.sleep(0.2)
+    assert grown == len(items)
+    rows = {row[0]: row for row in wj.summary_rows(outcomes)}
+    assert rows["all"][1:4] == [len(items), len(items), 0]
