@@ -100,7 +100,7 @@ def _parse_line(text: str, tenant_field: str) -> LogRecord | str:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+        return f"not valid JSON: {exc.msg} (column {exc.colno})"
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}"
     prompt = obj.get("prompt")
@@ -549,5 +549,8 @@ def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | N
     _table(["reason", "items", "sent", "failed", "TTFT P50 ms", "TTFT P95 ms"], summary_rows(outcomes), out)
     failed = [o for o in outcomes if not o.ok]
     for o in failed[:MALFORMED_SHOWN]:
-        print(f"failed: {o.item.reason} {o.item.detail or ''} tenant={o.item.tenant}: {o.error}", file=err)
+        what = f"{o.item.reason}:{o.item.detail}" if o.item.detail else o.item.reason
+        print(f"failed: {what} tenant={o.item.tenant}: {o.error}", file=err)
+    if len(failed) > MALFORMED_SHOWN:
+        print(f"... and {len(failed) - MALFORMED_SHOWN} more failed requests", file=err)
     return 1 if failed else 0
