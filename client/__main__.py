@@ -15,8 +15,10 @@ from client.generate import GenerationError, GenerationResult, generate
 from client.rewarm import rewarm
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
 
-JOB_ONLY = ("templates", "top_percent", "per_cluster", "clusters", "edge_cases", "dry_run", "tenant_field",
-            "concurrency", "max_tokens", "max_prompt_tokens", "tokenizer", "no_progress")  # fmt: skip
+JOB_ONLY = (
+    "templates", "top_percent", "per_cluster", "clusters", "edge_cases", "dry_run", "tenant_field",
+    "concurrency", "max_tokens", "max_prompt_tokens", "tokenizer", "no_progress", "fill_response_cache",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--max-prompt-tokens", type=int, help="the server's prompt limit (default 2047)")
     job.add_argument("--tokenizer", type=Path, help="the served model's tokenizer.json, for exact lengths")
     job.add_argument("--no-progress", action="store_true", default=None, help="no progress bar")
+    job.add_argument(
+        "--fill-response-cache", action="store_true", default=None,
+        help="greedy requests, whose answers the exact response cache keeps (a repeat run is then answered "
+        "from it and prefills nothing); default: unseeded sampling, always prefilled",
+    )  # fmt: skip
     return parser
 
 
@@ -123,6 +130,7 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     sending = {"concurrency": args.concurrency, "max_tokens": args.max_tokens}
     send = SendConfig(
         url=args.url, model=args.model or "llm", timeout_s=args.timeout, progress=not args.no_progress,
+        fill_response_cache=bool(args.fill_response_cache),
         **{key: value for key, value in sending.items() if value is not None},
     )  # fmt: skip
     return JobOptions(

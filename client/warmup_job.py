@@ -379,6 +379,14 @@ class SendConfig:
     max_tokens: int = 4
     timeout_s: float = 600.0
     progress: bool = True
+    # False: unseeded sampling, which the exact response cache neither answers nor stores, so every
+    # request reaches the model and fills L1/L3 even when the same job already ran against Redis.
+    # True: greedy, cacheable answers; a repeat (or a new replica sharing Redis) is then answered from
+    # the response cache and prefills nothing.
+    fill_response_cache: bool = False
+
+    def sampling(self) -> dict[str, object]:
+        return {"max_tokens": self.max_tokens, "temperature": 0.0 if self.fill_response_cache else 1.0}
 
 
 @dataclass(frozen=True)
@@ -394,13 +402,13 @@ class WarmupOutcome:
 
 
 def send_warmup_set(items: Sequence[WarmupItem], config: SendConfig, err: TextIO) -> list[WarmupOutcome]:
-    """Send every item at tier warmup on one gRPC stream, at most `concurrency` in flight. Greedy
-    sampling (temperature 0) so the response caches may keep the answers; few new tokens, because the
-    point is the prefill (the KV blocks), not the text. Items left when `timeout_s` ran out are
-    cancelled or not sent, and count as failed."""
+    """Send every item at tier warmup on one gRPC stream, at most `concurrency` in flight, with few new
+    tokens: the point is the prefill (the KV blocks), not the text (see SendConfig.fill_response_cache
+    for the sampling). Items left when `timeout_s` ran out are cancelled or not sent, and count as
+    failed."""
     if config.concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {config.concurrency}")
-    sampling = {"max_tokens": config.max_tokens, "temperature": 0.0}
+    sampling = config.sampling()
     deadline = time.monotonic() + config.timeout_s
     by_id: dict[str, WarmupItem] = {}
     unsent: list[WarmupItem] = []

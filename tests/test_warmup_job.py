@@ -267,3 +267,24 @@ def test_live_job_sends_at_warmup_tier(grpc_url: str, metrics_url: str) -> None:
     assert grown == len(items)
     rows = {row[0]: row for row in wj.summary_rows(outcomes)}
     assert rows["all"][1:4] == [len(items), len(items), 0]
+
+
+def test_live_repeat_run_prefills_again_unless_filling_responses(grpc_url: str, metrics_url: str) -> None:
+    """By default warmup requests are unseeded samples, which the exact response cache neither answers nor
+    stores, so a second run still reaches the model; with fill_response_cache the repeat is a cache hit."""
+
+    def finished(status: str) -> float:
+        metrics = scrape_metrics(metrics_url)
+        return metric_total(metrics, "llm_engine_requests_finished_total", tier="warmup", status=status)
+
+    nonce = str(time.time_ns())
+    items = [wj.WarmupItem(f"Where is my order {nonce}-{i}?", "acme", wj.REASON_TOP, 1, 0) for i in range(3)]
+    cached_before = finished("cached")
+    for fill in (False, False, True, True):
+        config = wj.SendConfig(url=grpc_url, progress=False, fill_response_cache=fill)
+        assert all(o.ok for o in wj.send_warmup_set(items, config, io.StringIO()))
+        time.sleep(0.5)  # the cache write is asynchronous
+    deadline = time.monotonic() + 10
+    while finished("cached") - cached_before < len(items) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert finished("cached") - cached_before == len(items)  # only the second greedy run was answered from it
