@@ -163,7 +163,8 @@ def test_perf_analyzer_accepts_the_exported_plan(
     assert served and int(served.group(1)) == 20, output[-3000:]
     profiled = read_perf_analyzer_profile(tmp_path / "profile.json")
     assert len(profiled) == 20
-    assert all(0 < p.ttft_s <= p.total_s < 30 and p.responses >= 2 for p in profiled)  # max_tokens >= 2
+    # a prompt this session already served greedily comes back from the response cache in one piece
+    assert all(0 < p.ttft_s <= p.total_s < 30 and p.responses >= 1 for p in profiled)
     by_experiment = records_from_profile(profiled)
     (records,) = by_experiment.values()
     assert Counter(r.tier for r in records) == Counter(p.tier for p in tiny_plan)  # the same mix, replayed
