@@ -49,6 +49,7 @@ class PrefixCache:
         self.pinned: set[bytes] = set()
         self.evictions = 0
         self.l2: HostBlockPool | None = None
+        self._protected: set[bytes] = set()
         self.l3: L3Tier | None = None
 
     @property
@@ -71,10 +72,14 @@ class PrefixCache:
             if key not in self.index:
                 break
             found.append(key)
-        if self.l2 is not None:
-            found += self._promote(keys[len(found) :], self._l2_run(keys[len(found) :]))
-        if self.l3 is not None and len(found) < len(keys):
-            found += self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :]))
+        self._protected = set(found)  # promoting the rest of the chain must not evict its head
+        try:
+            if self.l2 is not None:
+                found += self._promote(keys[len(found) :], self._l2_run(keys[len(found) :]))
+            if self.l3 is not None and len(found) < len(keys):
+                found += self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :]))
+        finally:
+            self._protected = set()
         for key in reversed(found):  # the head ends most recent: tails are evicted first
             self.index.move_to_end(key)
         return [self.index[key] for key in found]
@@ -101,6 +106,9 @@ class PrefixCache:
             self.pool[index] = blocks[i]
             self.index[keys[i]] = index
             stored.append(i)
+        for key in reversed(keys):  # as in lookup: the head ends most recent, so tails are evicted first
+            if key in self.index:
+                self.index.move_to_end(key)
         if self.l3 is not None and stored:
             self.l3.publish([keys[i] for i in stored], blocks[stored])
         return len(stored)
@@ -124,6 +132,7 @@ class PrefixCache:
                 break
             self.pool[index] = block.to(self.pool.device, non_blocking=True)
             self.index[key] = index
+            self._protected.add(key)
             promoted.append(key)
         return promoted
 
@@ -131,7 +140,7 @@ class PrefixCache:
         if self.free:
             return self.free.pop()
         for key in self.index:  # oldest first
-            if key not in self.pinned:
+            if key not in self.pinned and key not in self._protected:
                 self.evictions += 1
                 index = self.index.pop(key)
                 if self.l2 is not None:  # demote rather than forget

@@ -49,3 +49,14 @@ def test_evicted_l1_blocks_come_back_from_l2_with_identical_output(model):  # no
     assert cache.evictions == 3 and len(cache.l2.index) == 3
     assert run(engine, PREFIX + [5, 6]) == expected
     assert cache.l2.hits == 3 and engine.stats.prefix_reused_tokens == 48
+
+
+def test_promoting_a_long_chain_never_evicts_its_own_head(model):  # noqa: F811
+    engine = make_engine(model, capacity=4)
+    cache = engine.prefix_cache
+    cache.l2 = HostBlockPool(16, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
+    long_prompt = [1] + list(range(200, 264))  # four blocks: exactly the L1 capacity
+    expected = run(engine, long_prompt + [2])
+    run(engine, [1] + list(range(100, 148)))  # pushes three of them down to L2, keeps the head in L1
+    assert run(engine, long_prompt + [2]) == expected  # head from L1, the rest promoted from L2
+    assert engine.stats.prefix_reused_tokens == 64
