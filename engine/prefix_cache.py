@@ -5,7 +5,8 @@ A prompt is cut into blocks of `block_size` tokens; each block's key is a SHA-25
 are identical across processes and machines (no Python `hash()`) and tenants never share KV.
 A request reuses the longest cached chain of its prompt and computes only the rest. Eviction is
 LRU over unpinned blocks, and a lookup refreshes a chain tail-first, so the tails of long
-prefixes go before the shared heads. Warmed templates can be pinned.
+prefixes go before the shared heads. Warmed templates can be pinned, up to half the pool: a pool
+full of pinned blocks could admit nothing new.
 """
 
 from __future__ import annotations
@@ -92,8 +93,6 @@ class PrefixCache:
     def store(self, slot: int, tokens: Sequence[int], tenant: str, pin: bool = False) -> int:
         """Keep the full blocks of `tokens` (already in `slot`) that are not cached yet; returns how many."""
         keys = block_keys(tokens, self.block_size, self.salt(tenant))
-        if pin:
-            self.pinned.update(keys)
         missing = [i for i, key in enumerate(keys) if key not in self.index]
         if not missing:
             return 0
@@ -109,6 +108,9 @@ class PrefixCache:
         for key in reversed(keys):  # as in lookup: the head ends most recent, so tails are evicted first
             if key in self.index:
                 self.index.move_to_end(key)
+        if pin:
+            room = self.capacity // 2 - len(self.pinned)
+            self.pinned.update([key for key in keys if key in self.index][: max(0, room)])
         if self.l3 is not None and stored:
             self.l3.publish([keys[i] for i in stored], blocks[stored])
         return len(stored)
