@@ -48,6 +48,7 @@ bench-warmup: setup model
 bench-cache: setup model
 	$(ENV) $(PY) -m bench.prefix_cache
 	$(ENV) HF_HUB_OFFLINE=1 $(PY) -m bench.semantic_cache
+	$(ENV) $(PY) -m bench.replica_prefill
 
 bench-scheduler: setup model
 	$(ENV) $(PY) -m bench.scheduler
