@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import (
-    engine_env,
-    model_dir_for,
     REPO_ROOT,
     EngineTtft,
     PromptFactory,
     TtftProbe,
+    add_engine_args,
+    engine_env,
     median,
+    model_dir_for,
     print_table,
     progress,
     write_results,
@@ -67,20 +68,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--lengths", default="12,48,200,900", help="prompt lengths in tokens (comma-separated)"
     )
     parser.add_argument("--steady", type=int, default=8, help="requests per length after the first")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--preset", default="tiny", help="model preset built by engine.build_model")
-    parser.add_argument("--model-dir", type=Path, default=None)
-    parser.add_argument("--max-seq-len", type=int, default=2048)
-    parser.add_argument(
-        "--text-env", type=Path, default=None, help="numpy<2 venv for the BYTES steps (GPU image)"
-    )
+    add_engine_args(parser)
     parser.add_argument(
         "--no-redis", action="store_true", help="do not start redis-server (none on the GPU image)"
-    )
-    parser.add_argument("--tag", default=None, help="result file tag (default: the device)")
-    parser.add_argument(
-        "--out-dir", type=Path, default=None, help="write results here instead of bench/results"
     )
     return parser.parse_args(argv)
 

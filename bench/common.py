@@ -32,6 +32,23 @@ def model_dir_for(preset: str, model_dir: Path | None) -> Path:
     return path
 
 
+def add_engine_args(parser, *, results: bool = True) -> None:
+    """The options every server benchmark shares: what to serve, where, and where results go."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--preset", default="tiny", help="model preset built by engine.build_model")
+    parser.add_argument("--model-dir", type=Path, default=None)
+    parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument(
+        "--text-env", type=Path, default=None, help="numpy<2 venv for the BYTES steps (GPU image)"
+    )
+    if results:
+        parser.add_argument("--tag", default=None, help="result file tag (default: the device)")
+        parser.add_argument(
+            "--out-dir", type=Path, default=None, help="write results here instead of bench/results"
+        )
+
+
 def engine_env(device: str, dtype: str, max_seq_len: int) -> dict[str, str]:
     """Environment the engine's config.pbtxt expands (`${LLM_DEVICE:-cpu}` and friends)."""
     return {"LLM_DEVICE": device, "LLM_DTYPE": dtype, "LLM_MAX_SEQ_LEN": str(max_seq_len)}

@@ -20,12 +20,13 @@ import time
 from pathlib import Path
 
 from bench.common import (
-    engine_env,
-    model_dir_for,
     REPO_ROOT,
     PromptFactory,
     TtftProbe,
+    add_engine_args,
+    engine_env,
     median,
+    model_dir_for,
     print_table,
     progress,
     write_results,
@@ -40,14 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lengths", default="512,1800", help="prompt lengths (tokens), 90%% shared prefix")
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--throughput-requests", type=int, default=40)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--model-dir", type=Path, default=None)
-    parser.add_argument("--max-seq-len", type=int, default=2048)
-    parser.add_argument("--text-env", type=Path, default=None)
-    parser.add_argument("--tag", default=None)
-    parser.add_argument("--out-dir", type=Path, default=None)
+    add_engine_args(parser)
     return parser.parse_args(argv)
 
 

@@ -23,6 +23,7 @@ from bench.common import (
     REPO_ROOT,
     PromptFactory,
     TtftProbe,
+    add_engine_args,
     engine_env,
     model_dir_for,
     print_table,
@@ -39,15 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--documents", type=int, default=10)
     parser.add_argument("--document-tokens", type=int, default=1200)
     parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--model-dir", type=Path, default=None)
-    parser.add_argument("--max-seq-len", type=int, default=2048)
-    parser.add_argument("--text-env", type=Path, default=None)
+    add_engine_args(parser)
     parser.add_argument("--redis-server", default="redis-server")
-    parser.add_argument("--tag", default=None)
-    parser.add_argument("--out-dir", type=Path, default=None)
     return parser.parse_args(argv)
 
 

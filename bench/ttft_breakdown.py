@@ -14,9 +14,17 @@ import argparse
 import json
 import sys
 import urllib.request
-from pathlib import Path
 
-from bench.common import REPO_ROOT, EngineTtft, PromptFactory, TtftProbe, engine_env, print_table, progress
+from bench.common import (
+    REPO_ROOT,
+    EngineTtft,
+    PromptFactory,
+    TtftProbe,
+    add_engine_args,
+    engine_env,
+    print_table,
+    progress,
+)
 from deploy.launch import StackOptions, start_stack
 
 STEPS = ("slo_scheduler", "llm_engine", "detokenizer")
@@ -40,11 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lengths", default="12,48,200")
     parser.add_argument("--requests", type=int, default=30)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--model-dir", type=Path, default=REPO_ROOT / "models" / "tiny-llama")
-    parser.add_argument("--max-seq-len", type=int, default=2048)
-    parser.add_argument("--text-env", type=Path, default=None)
+    add_engine_args(parser, results=False)
     parser.add_argument("--no-redis", action="store_true")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]

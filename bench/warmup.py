@@ -26,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import (
-    engine_env,
-    model_dir_for,
     REPO_ROOT,
     PromptFactory,
     TtftProbe,
+    add_engine_args,
+    engine_env,
     median,
+    model_dir_for,
     print_table,
     progress,
     write_results,
@@ -100,15 +101,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma (1.0: p99 ~ 10x median)")
     parser.add_argument("--history", type=int, default=5000, help="recorded prompts the planned config finds")
     parser.add_argument("--budget-s", type=float, default=0.0, help="warmup budget (0: none)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--model-dir", type=Path, default=None)
-    parser.add_argument("--max-seq-len", type=int, default=2048)
-    parser.add_argument("--text-env", type=Path, default=None)
+    add_engine_args(parser)
     parser.add_argument("--redis-server", default="redis-server")
-    parser.add_argument("--tag", default=None)
-    parser.add_argument("--out-dir", type=Path, default=None)
     return parser.parse_args(argv)
 
 

@@ -8,8 +8,6 @@ sits on a request's path. Redis trouble is absorbed by the store's circuit break
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -17,6 +15,7 @@ import torch
 
 from cache.cost_model import LoadCostModel
 from cache.kv_format import KVBlockMeta
+from engine.write_behind import WriteBehind
 
 if TYPE_CHECKING:  # redis-py is imported only where the store is built (engine/loader.py)
     from cache.redis_kv_store import RedisKVStore
@@ -35,10 +34,11 @@ class L3Tier:
             int(torch.Size(meta.shape).numel())
             * torch.empty((), dtype=getattr(torch, meta.dtype)).element_size()
         )
-        self._writes: queue.Queue[tuple[list[bytes], torch.Tensor] | None] = queue.Queue(maxsize=backlog)
-        self._thread = threading.Thread(target=self._write_loop, name="l3-writer", daemon=True)
-        self._thread.start()
-        self.dropped_writes = 0
+        self._writes: WriteBehind[tuple[list[bytes], torch.Tensor]] = WriteBehind(
+            lambda item: self.store.put_chain(item[0], list(item[1].unbind(0)), self.meta),
+            "l3-writer",
+            backlog,
+        )
         self.loaded_blocks = 0
 
     def fetch(self, keys: list[bytes]) -> list[torch.Tensor]:
@@ -59,16 +59,7 @@ class L3Tier:
 
     def publish(self, keys: list[bytes], blocks: torch.Tensor) -> None:
         """Queue blocks [n, ...] for Redis; when the writer falls behind, drop rather than wait."""
-        try:
-            self._writes.put_nowait((keys, blocks.to("cpu", copy=True)))
-        except queue.Full:
-            self.dropped_writes += 1
+        self._writes.submit((keys, blocks.to("cpu", copy=True)))
 
     def close(self) -> None:
-        self._writes.put(None)
-        self._thread.join(timeout=10)
-
-    def _write_loop(self) -> None:
-        while (item := self._writes.get()) is not None:
-            keys, blocks = item
-            self.store.put_chain(keys, list(blocks.unbind(0)), self.meta)
+        self._writes.close()

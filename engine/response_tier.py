@@ -8,11 +8,10 @@ engine loop never waits on Redis.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable
 
 from cache.response_cache import ExactResponseCache
+from engine.write_behind import WriteBehind
 from scheduler.messages import EngineRequestParams
 
 
@@ -27,12 +26,9 @@ class ResponseTier:
         self.cache = cache
         self.encode = encode
         self.token_bytes = token_bytes
-        self._writes: queue.Queue[tuple[list[int], EngineRequestParams, list[int], int] | None] = queue.Queue(
-            maxsize=backlog
+        self._writes: WriteBehind[tuple[list[int], EngineRequestParams, list[int], int]] = WriteBehind(
+            self._write, "response-cache-writer", backlog
         )
-        self._thread = threading.Thread(target=self._write_loop, name="response-cache-writer", daemon=True)
-        self._thread.start()
-        self.dropped_writes = 0
 
     def lookup(self, prompt_ids: list[int], params: EngineRequestParams) -> list[int] | None:
         """The cached answer as token ids, or None (miss, not cacheable, or Redis unavailable)."""
@@ -46,18 +42,12 @@ class ResponseTier:
     ) -> None:
         if not self.cache.cacheable(params):
             return
-        try:
-            self._writes.put_nowait((prompt_ids, params, output, trim))
-        except queue.Full:
-            self.dropped_writes += 1
+        self._writes.submit((prompt_ids, params, output, trim))
 
     def close(self) -> None:
-        self._writes.put(None)
-        self._thread.join(timeout=10)
+        self._writes.close()
 
-    def _write_loop(self) -> None:
-        while (item := self._writes.get()) is not None:
-            prompt_ids, params, output, trim = item
-            data = self.token_bytes(output)
-            text = data[: len(data) - trim].decode("utf-8", errors="replace")
-            self.cache.put(prompt_ids, params, text)
+    def _write(self, item: tuple[list[int], EngineRequestParams, list[int], int]) -> None:
+        prompt_ids, params, output, trim = item
+        data = self.token_bytes(output)
+        self.cache.put(prompt_ids, params, data[: len(data) - trim].decode("utf-8", errors="replace"))
