@@ -66,6 +66,11 @@ class TritonEngineObserver(EngineObserver):
         self.prefill_items = family(
             "llm_engine_warmup_prefill_items", "Hot prefixes loaded before READY or deferred", family.GAUGE
         )
+        self.cache_events = family(
+            "llm_engine_cache_total",
+            "Cache tier counters: hit_blocks, evictions, hits, misses, checksum_failures, bytes_loaded, ...",
+            family.COUNTER,
+        )
         self.tier_control = family(
             "llm_scheduler_tier_control", "Feedback-adapted tier weight and admission threshold", family.GAUGE
         )
@@ -80,6 +85,7 @@ class TritonEngineObserver(EngineObserver):
         self._batch_max = 0
         self._load = (-1, -1, -1)
         self.kv_bytes_per_token = 0
+        self._cache_seen: dict[tuple[str, str], float] = {}
         self._create_known_series()
 
     def _create_known_series(self) -> None:
@@ -137,6 +143,13 @@ class TritonEngineObserver(EngineObserver):
     def on_adaptation(self, tier: str, kind: str, value: float) -> None:
         self._metric(self.tier_control, tier=tier, kind=kind).set(value)
         self._metric(self.adaptations, tier=tier, kind=kind).increment(1)
+
+    def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
+        for (tier, counter), value in counters.items():
+            delta = value - self._cache_seen.get((tier, counter), 0.0)
+            if delta > 0:
+                self._metric(self.cache_events, tier=tier, counter=counter).increment(delta)
+                self._cache_seen[(tier, counter)] = value
 
     def on_new_shape(self, kind: str, size: int) -> None:
         self._metric(self.new_shapes, kind=kind).increment(1)

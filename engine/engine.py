@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.model_runner import ModelRunner
+from engine.cache_stats import cache_counters
 from engine.observer import EngineObserver, EngineStats
 from engine.prefix_cache import PrefixCache
 from engine.queueing import Ewma, PolicyQueue
@@ -83,6 +84,8 @@ class Engine:
         self.output_tokens = Ewma()
         self.feedback: SloFeedbackLoop | None = None
         self.responses: ResponseTier | None = None
+        self._cache_stats_at = 0.0
+        self._cache_stats_lock = threading.Lock()
         self._active: dict[int, _Active] = {}
         self._free = list(range(runner.slots - 1, -1, -1))
         self._lock = threading.Condition()
@@ -143,6 +146,18 @@ class Engine:
         self.stats.count_finish("cached")
         self.observer.on_first_token(params.tier, (time.time_ns() - request.received_ns) / 1e9)
         self.observer.on_finish(params.tier, "cached", len(output))
+        self._publish_cache_counters()
+
+    def _publish_cache_counters(self) -> None:
+        """At most once a second, from whichever thread serves (cache hits never reach the loop)."""
+        now = time.monotonic()
+        if now - self._cache_stats_at < 1.0 or not self._cache_stats_lock.acquire(blocking=False):
+            return
+        try:
+            self._cache_stats_at = now
+            self.observer.on_cache_counters(cache_counters(self.prefix_cache, self.responses))
+        finally:
+            self._cache_stats_lock.release()
 
     def apply_feedback(self, controller: FeedbackController) -> None:
         """Adopt the controller's tier weights in the queue (aging) and admission (thresholds)."""
@@ -210,6 +225,7 @@ class Engine:
         decoded = self._decode() if self._active else False
         queued, active = self.load()
         self.observer.on_load(queued, active, sum(s.position for s in self._active.values()))
+        self._publish_cache_counters()
         if self.recorder is not None:
             self.recorder.observe_active(active)
         return admitted or decoded

@@ -22,6 +22,9 @@ class EngineObserver:
 
     def on_adaptation(self, tier: str, kind: str, value: float) -> None: ...
 
+    def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
+        """Cumulative per-tier cache counters ((tier, counter) -> value), about once a second."""
+
 
 @dataclass
 class EngineStats:

@@ -49,6 +49,7 @@ class PrefixCache:
         self.free = list(range(capacity_blocks - 1, -1, -1))
         self.pinned: set[bytes] = set()
         self.evictions = 0
+        self.hit_blocks = 0
         self.l2: HostBlockPool | None = None
         self._protected: set[bytes] = set()
         self.l3: L3Tier | None = None
@@ -73,6 +74,7 @@ class PrefixCache:
             if key not in self.index:
                 break
             found.append(key)
+        self.hit_blocks += len(found)
         self._protected = set(found)  # promoting the rest of the chain must not evict its head
         try:
             if self.l2 is not None:

@@ -213,3 +213,14 @@ def test_a_repeated_greedy_request_is_answered_from_the_response_cache(grpc_url,
     assert engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached") == after_hit, (
         "another tenant and unseeded sampling are never served from the cache"
     )
+
+
+def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
+    prompt, sampling = "Cache counters probe", {"max_tokens": 4, "ignore_eos": True}
+
+    def exported() -> bool:  # the engine publishes its cache counters about once a second while serving
+        generate(grpc_url, prompt, sampling=sampling, tenant="rc-counters")
+        return engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="hits") >= 1
+
+    assert wait_for(exported, timeout_s=60, interval_s=0.2)
+    assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="stores") >= 1
