@@ -20,9 +20,22 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from scheduler.tiers import TierTable
+
 FINAL_PARAM = "triton_final_response"
 OUTPUT_NAME = "text_output"
 PieceCallback = Callable[[str], None]
+
+
+_DEFAULT_TIERS = TierTable.defaults()
+
+
+def tier_priority(tier: str | None) -> int:
+    """Triton request priority for a tier (1 = highest), so the scheduler step's own queue, which
+    declares priority_levels, serves higher tiers first under overload; 0 = the model's default."""
+    if not tier or tier not in _DEFAULT_TIERS:
+        return 0
+    return _DEFAULT_TIERS.get(tier).priority
 
 
 class GenerationError(RuntimeError):
@@ -174,7 +187,11 @@ class StreamingSession:
             self._order.append(rid)
         try:
             self._client.async_stream_infer(
-                self.model, inputs, request_id=rid, enable_empty_final_response=True
+                self.model,
+                inputs,
+                request_id=rid,
+                enable_empty_final_response=True,
+                priority=tier_priority(tier),
             )
         except InferenceServerException as exc:
             self._finish(rid, self._explain_stream_error() or str(exc))

@@ -286,3 +286,10 @@ def test_cli_error_exit_code(fake: tuple[str, FakeLLM]) -> None:
     out, err = io.StringIO(), io.StringIO()
     assert main(["generate", "--url", fake[0], "fail"], out, err) == 1
     assert err.getvalue().startswith("error: unknown slo_tier 'gold'; allowed:")
+
+
+def test_requests_carry_their_tier_as_triton_priority():
+    from client.generate import tier_priority
+
+    assert [tier_priority(t) for t in ("critical", "warmup", "standard", "batch")] == [1, 2, 3, 4]
+    assert tier_priority(None) == 0 and tier_priority("custom-tier") == 0
