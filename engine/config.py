@@ -61,6 +61,8 @@ class EngineConfig:
     l3_kv_cache: bool = True
     l3_ttl_s: float = 86400.0
     response_cache: bool = True
+    semantic_cache: bool = False
+    semantic_threshold: float = 0.82
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""

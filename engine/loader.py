@@ -120,7 +120,7 @@ def build_l3(
 def build_response_tier(
     config: EngineConfig, fingerprint: str, model_dir: Path, decoder, log
 ) -> ResponseTier | None:
-    """The exact response cache on the serving path, or None without Redis (or redis-py)."""
+    """The response caches on the serving path (exact, and semantic when enabled), or None without Redis."""
     if not (config.response_cache and config.redis_url):
         return None
     try:
@@ -129,9 +129,23 @@ def build_response_tier(
         log(f"response cache off: {exc}")
         return None
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    return ResponseTier(
-        cache, lambda text: tokenizer.encode(text, add_special_tokens=False).ids, decoder.raw_bytes
-    )
+    semantic = None
+    if config.semantic_cache:
+        try:
+            from cache.embedder import MiniLMEmbedder
+            from cache.semantic_cache import SemanticResponseCache
+
+            embedder = MiniLMEmbedder()
+            semantic = SemanticResponseCache(
+                config.redis_url, fingerprint, embedder, threshold=config.semantic_threshold
+            )
+        except (ImportError, OSError) as exc:  # the embedding model package is optional
+            log(f"semantic cache off: {exc}")
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    return ResponseTier(cache, encode, decoder.raw_bytes, semantic=semantic)
 
 
 def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], str]], list[dict]]:

@@ -1,4 +1,7 @@
-"""Exact response cache on the serving path: a hit is answered from Redis without touching the model.
+"""Response caches on the serving path: a hit is answered from Redis without touching the model.
+
+Exact first; then, when enabled, the semantic cache (a paraphrase of an answered question, same
+tenant, same sampling signature, past the negation/entity guard).
 
 The hit still streams through the ensemble (the cached text goes back to token ids, which the
 detokenizer turns into text like any other response). Only greedy or seeded requests are
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cache.response_cache import ExactResponseCache
+from cache.semantic_cache import SemanticResponseCache
 from engine.write_behind import WriteBehind
 from scheduler.messages import EngineRequestParams
 
@@ -22,8 +26,10 @@ class ResponseTier:
         encode: Callable[[str], list[int]],
         token_bytes: Callable[[list[int]], bytes],
         backlog: int = 1024,
+        semantic: SemanticResponseCache | None = None,
     ):
         self.cache = cache
+        self.semantic = semantic
         self.encode = encode
         self.token_bytes = token_bytes
         self._writes: WriteBehind[tuple[list[int], EngineRequestParams, list[int], int]] = WriteBehind(
@@ -35,7 +41,13 @@ class ResponseTier:
         if not self.cache.cacheable(params):
             return None
         text = self.cache.get(prompt_ids, params)
+        if text is None and self.semantic is not None:
+            hit = self.semantic.lookup(self._prompt_text(prompt_ids), params.tenant, params)
+            text = None if hit is None else hit.answer
         return None if text is None else self.encode(text)
+
+    def _prompt_text(self, prompt_ids: list[int]) -> str:
+        return self.token_bytes(prompt_ids).decode("utf-8", errors="replace")
 
     def remember(
         self, prompt_ids: list[int], params: EngineRequestParams, output: list[int], trim: int
@@ -50,4 +62,7 @@ class ResponseTier:
     def _write(self, item: tuple[list[int], EngineRequestParams, list[int], int]) -> None:
         prompt_ids, params, output, trim = item
         data = self.token_bytes(output)
-        self.cache.put(prompt_ids, params, data[: len(data) - trim].decode("utf-8", errors="replace"))
+        answer = data[: len(data) - trim].decode("utf-8", errors="replace")
+        self.cache.put(prompt_ids, params, answer)
+        if self.semantic is not None:
+            self.semantic.store(self._prompt_text(prompt_ids), params.tenant, params, answer)

@@ -1,0 +1,52 @@
+"""The semantic response cache on the serving path (opt-in): paraphrases hit; negations, tenants miss."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from client.generate import generate
+from client.metrics import metric_total, scrape_metrics
+from deploy.launch import StackOptions, start_stack
+from tests.conftest import MODEL_DIR
+
+GREEDY = {"max_tokens": 10, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def semantic_stack(tmp_path_factory):
+    options = StackOptions(
+        run_dir=tmp_path_factory.mktemp("semantic"),
+        model_dir=MODEL_DIR,
+        warmup=True,
+        extra_env={"LLM_SEMANTIC_CACHE": "true"},
+    )
+    with start_stack(options) as stack:
+        yield stack
+
+
+def cached(stack) -> float:
+    return metric_total(
+        scrape_metrics(stack.metrics_url), "llm_engine_requests_finished_total", status="cached"
+    )
+
+
+def test_a_paraphrase_is_answered_from_the_semantic_cache(semantic_stack):
+    url = semantic_stack.grpc_url
+    original = generate(url, "How do I reset my password?", sampling=GREEDY, tenant="acme")
+    # answers are stored in order by one background writer: once a later request is served from the
+    # cache, the original's exact and semantic entries are stored too
+    marker = "An unrelated request that orders the writer"
+    generate(url, marker, sampling=GREEDY, tenant="acme")
+    deadline, before = time.monotonic() + 30, cached(semantic_stack)
+    while cached(semantic_stack) == before and time.monotonic() < deadline:
+        generate(url, marker, sampling=GREEDY, tenant="acme")
+    hits = cached(semantic_stack)
+    paraphrase = generate(url, "How can I reset my password?", sampling=GREEDY, tenant="acme")
+    assert cached(semantic_stack) == hits + 1 and paraphrase.text == original.text
+
+    hits = cached(semantic_stack)
+    generate(url, "How do I reset my password?", sampling=GREEDY, tenant="globex")
+    generate(url, "How do I not reset my password?", sampling=GREEDY, tenant="acme")
+    assert cached(semantic_stack) == hits, "another tenant and a negated question never hit"
