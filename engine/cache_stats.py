@@ -11,7 +11,7 @@ from engine.response_tier import ResponseTier
 def cache_counters(
     prefix: PrefixCache | None, responses: ResponseTier | None
 ) -> dict[tuple[str, str], float]:
-    """{(tier, counter): cumulative value}; tiers: l1, l2, l3, exact."""
+    """{(tier, counter): cumulative value}; tiers: l1, l2, l3, exact, semantic."""
     out: dict[tuple[str, str], float] = {}
     if prefix is not None:
         out[("l1", "hit_blocks")] = prefix.hit_blocks
@@ -29,4 +29,7 @@ def cache_counters(
     if responses is not None:
         for name, value in responses.cache.snapshot().items():
             out[("exact", name)] = value
+        if responses.semantic is not None:
+            for name, value in responses.semantic.snapshot().items():
+                out[("semantic", name)] = value
     return out
