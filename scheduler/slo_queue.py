@@ -1,6 +1,6 @@
 """SLO-aware admission queue: tier precedence with aging, EDF within a tier, per-tenant fair share.
 
-`SloQueue` is a drop-in replacement for `scheduler.priority.AdmissionQueue` (same methods, same
+`SloQueue` keeps the interface of the plain precedence heap it replaced (same methods, same
 semantics for a single tenant while nobody has waited long enough to age), so the engine can swap it in.
 It adds what a shared LLM replica needs under overload:
 
@@ -23,7 +23,7 @@ It adds what a shared LLM replica needs under overload:
   never a silent drop.
 
 Everything reads time from the injected `clock`, so tests and the simulator drive it deterministically.
-Not thread-safe, like AdmissionQueue: the engine guards it with its own lock.
+Not thread-safe: the engine guards it with its own lock.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class QueueFull(RequestError):
 
 @dataclass(frozen=True, order=True)
 class SloEntry(Generic[T]):
-    """One queued item. Sorting follows the static order (priority, deadline_ns, seq) like QueueEntry."""
+    """One queued item. Sorting follows the static order (priority, deadline_ns, seq) (the heap order)."""
 
     priority: int
     deadline_ns: int

@@ -6,13 +6,19 @@ import random
 
 import pytest
 
-from scheduler.priority import AdmissionQueue, assign
+from scheduler.priority import assign
+from scheduler.slo_queue import SloQueue
 from scheduler.tiers import TierTable
 
 TIERS = TierTable.defaults()
 
 
-def drain(queue: AdmissionQueue[str]) -> list[str]:
+def plain_queue() -> SloQueue:
+    """The engine's queue with aging and fair share off: strict precedence, EDF, FIFO on ties."""
+    return SloQueue(TIERS, aging_ns=0, fair_share=False)
+
+
+def drain(queue: SloQueue[str]) -> list[str]:
     return [queue.pop() for _ in range(len(queue))]
 
 
@@ -22,7 +28,7 @@ def test_assign_priority_and_deadline() -> None:
 
 
 def test_order_across_tiers() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     now = 0
     for name in ("batch", "standard", "warmup", "critical"):
         now += 1_000_000  # later arrivals, but higher precedence
@@ -31,14 +37,14 @@ def test_order_across_tiers() -> None:
 
 
 def test_precedence_beats_earlier_deadline() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     queue.push("low-urgent", priority=4, deadline_ns=1)
     queue.push("high-relaxed", priority=1, deadline_ns=10**12)
     assert drain(queue) == ["high-relaxed", "low-urgent"]
 
 
 def test_edf_within_tier() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     queue.push("late", 3, 300)
     queue.push("early", 3, 100)
     queue.push("middle", 3, 200)
@@ -47,14 +53,14 @@ def test_edf_within_tier() -> None:
 
 
 def test_fifo_on_ties() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     for i in range(20):
         queue.push(f"r{i}", 2, 500)
     assert drain(queue) == [f"r{i}" for i in range(20)]
 
 
 def test_remove_queued_item() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     queue.push("a", 1, 1, key="req-a")
     key_b = queue.push("b", 1, 2)
     queue.push("c", 1, 3, key="req-c")
@@ -70,7 +76,7 @@ def test_remove_queued_item() -> None:
 
 
 def test_key_reuse_after_removal() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     queue.push("old", 1, 1, key="k")
     queue.remove("k")
     queue.push("new", 2, 2, key="k")
@@ -78,14 +84,14 @@ def test_key_reuse_after_removal() -> None:
 
 
 def test_duplicate_key_rejected() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     queue.push("a", 1, 1, key="k")
     with pytest.raises(ValueError, match="already queued"):
         queue.push("b", 1, 1, key="k")
 
 
 def test_empty_queue_raises() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     with pytest.raises(IndexError):
         queue.pop()
     with pytest.raises(IndexError):
@@ -93,7 +99,7 @@ def test_empty_queue_raises() -> None:
 
 
 def test_pop_expired() -> None:
-    queue: AdmissionQueue[str] = AdmissionQueue()
+    queue: SloQueue[str] = plain_queue()
     queue.push("a", 1, 10, expires_ns=100)
     queue.push("b", 4, 10, expires_ns=50)
     queue.push("c", 2, 10)
@@ -104,7 +110,7 @@ def test_pop_expired() -> None:
 
 def test_matches_sorted_reference_under_random_removals() -> None:
     rng = random.Random(1234)
-    queue: AdmissionQueue[int] = AdmissionQueue()
+    queue: SloQueue[int] = plain_queue()
     reference: dict[int, tuple[int, int, int]] = {}
     for step in range(2000):
         action = rng.random()

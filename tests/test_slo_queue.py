@@ -7,7 +7,7 @@ import random
 import pytest
 
 from scheduler.errors import RequestError
-from scheduler.priority import AdmissionQueue, assign
+from scheduler.priority import assign
 from scheduler.slo_queue import QueueFull, SloQueue, default_aging_floor, default_aging_ns, tenant_weight
 from scheduler.tiers import TierTable
 
@@ -24,38 +24,8 @@ class FakeClock:
         return self.now
 
 
-def drain(queue: SloQueue[str] | AdmissionQueue[str]) -> list[str]:
+def drain(queue: SloQueue[str]) -> list[str]:
     return [queue.pop() for _ in range(len(queue))]
-
-
-def test_drop_in_for_admission_queue_without_aging() -> None:
-    """Same pops as AdmissionQueue for random pushes, pops, removes and expiries (one tenant, no aging)."""
-    rng = random.Random(7)
-    clock = FakeClock()
-    old: AdmissionQueue[int] = AdmissionQueue()
-    new: SloQueue[int] = SloQueue(TIERS, aging_ns=0, clock=clock)
-    for step in range(3000):
-        clock.now += rng.randint(0, 5) * MS
-        op = rng.random()
-        if op < 0.5:
-            priority, deadline = rng.randint(1, 4), rng.randint(0, 50) * MS
-            expires = clock.now + rng.randint(1, 100) * MS if rng.random() < 0.2 else None
-            assert old.push(step, priority, deadline, key=f"k{step}", expires_ns=expires) == new.push(
-                step, priority, deadline, key=f"k{step}", expires_ns=expires
-            )
-        elif op < 0.8 and old:
-            assert old.peek() == new.peek()
-            assert old.pop() == new.pop()
-        elif op < 0.9:
-            key = f"k{rng.randint(0, step)}"
-            assert (key in old) == (key in new)
-            assert old.remove(key) == new.remove(key)
-        else:
-            assert [e.key for e in old.pop_expired(clock.now)] == [e.key for e in new.pop_expired(clock.now)]
-        assert len(old) == len(new) and bool(old) == bool(new)
-    assert drain(old) == drain(new)  # type: ignore[arg-type]
-    with pytest.raises(IndexError):
-        new.pop()
 
 
 def test_order_across_tiers_and_edf_within() -> None:
