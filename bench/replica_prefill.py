@@ -4,7 +4,7 @@ Hot traffic: questions about a set of long shared documents. Replica A serves it
 warm (and fills Redis); replica B starts with the same Redis and the documents as its hot
 prefixes, which its warmup loads from L3 within the budget before READY; replica C starts cold
 (empty Redis, no hot prefixes). For each, the TTFT of the first 100 hot requests after READY.
-Target: B's first-100 P99 within 1.2x of A's. Writes bench/results/replica-prefill-<tag>.*.
+Target: B's first-100 P99 within 1.2x of A's. Writes bench/results/replica-prefill-<tag>.{json,md,png}.
 
     python -m bench.replica_prefill
 """
@@ -68,6 +68,25 @@ def serve(
             probe.close()
 
 
+def plot(series: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for name, ttft in series.items():
+        ax.plot(range(len(ttft)), ttft, ".-", markersize=3, linewidth=0.6, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("hot request index after READY")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title("First hot requests: new replica with L3 prefill vs cold vs long-warm")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model_dir = model_dir_for(args.preset, args.model_dir)
@@ -99,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shared.terminate()
     rows = []
-    for name, ttft in (("long-warm replica", a), ("new replica, L3 prefill", b), ("new replica, cold", c)):
+    series = {"long-warm replica": a, "new replica, L3 prefill": b, "new replica, cold": c}
+    for name, ttft in series.items():
         p99 = float(np.percentile(ttft, 99))
         rows.append([name, float(np.percentile(ttft, 50)), p99, p99 / float(np.percentile(a, 99))])
     table = print_table(["replica", "first-100 P50 ms", "first-100 P99 ms", "P99 / long-warm P99"], rows)
@@ -109,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     base = write_results(
         "replica-prefill", args.tag or args.device.split(":")[0], {"rows": rows}, table, command, args.out_dir
     )
-    progress(f"wrote {base}.json/.md")
+    plot(series, base.with_suffix(".png"))
+    progress(f"wrote {base}.json/.md/.png")
     return 0
 
 
