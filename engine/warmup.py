@@ -45,6 +45,7 @@ class StageTiming:
     name: str
     seconds: float
     items: int
+    device_seconds: float | None = None  # CUDA-event time of the same span (GPU only)
 
 
 @dataclass
@@ -67,17 +68,29 @@ class WarmupReport:
 
 
 class _StageClock:
-    """Wall time of a stage; synchronizes the GPU so queued kernels are counted."""
+    """Times a stage on the host clock (the device synchronized at both ends, so queued kernels count)
+    and, on CUDA, also with CUDA events on the device's own clock: the two side by side calibrate
+    each other (device time close to host time means the stage was GPU-bound, far below it means
+    Python and launch overhead)."""
 
     def __init__(self, device: torch.device):
         self.device = device
 
-    def measure(self, work: Callable[[], int]) -> tuple[float, int]:
+    def measure(self, work: Callable[[], int]) -> tuple[float, float | None, int]:
+        """(host seconds, device seconds or None off CUDA, items)."""
         self._sync()
+        events = None
+        if self.device.type == "cuda":
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
         started = time.perf_counter_ns()
         items = work()
+        if events is not None:
+            events[1].record()
         self._sync()
-        return (time.perf_counter_ns() - started) / 1e9, items
+        host_s = (time.perf_counter_ns() - started) / 1e9
+        device_s = None if events is None else events[0].elapsed_time(events[1]) / 1000.0
+        return host_s, device_s, items
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -139,6 +152,7 @@ def run_warmup(
     started = time.perf_counter_ns()
     deadline = time.perf_counter() + budget_s if budget_s > 0 else float("inf")
     spent = {"prefill": 0.0, "decode": 0.0}
+    device_spent: dict[str, float | None] = {"prefill": None, "decode": None}
     counts = {"prefill": 0, "decode": 0}
     for bucket in shape_order(engine.prompt_buckets, histogram):
         for kind in ("prefill", "decode"):
@@ -146,15 +160,21 @@ def run_warmup(
                 engine.deferred_shapes.append((kind, bucket))
                 continue
             try:
-                seconds, _ = clock.measure(lambda: runner.warm_shape(kind, bucket) or 1)
+                seconds, device_seconds, _ = clock.measure(lambda: runner.warm_shape(kind, bucket) or 1)
             except Exception as exc:  # lazy warm-up takes over for this shape
                 report.failures.append({"stage": f"{kind}:{bucket}", "error": f"{type(exc).__name__}: {exc}"})
                 continue
             engine.note_shape(kind, bucket)
             spent[kind] += seconds
             counts[kind] += 1
-    report.stages.append(StageTiming("prefill_buckets", spent["prefill"], counts["prefill"]))
-    report.stages.append(StageTiming("decode_kv_buckets", spent["decode"], counts["decode"]))
+            if device_seconds is not None:
+                device_spent[kind] = (device_spent[kind] or 0.0) + device_seconds
+    report.stages.append(
+        StageTiming("prefill_buckets", spent["prefill"], counts["prefill"], device_spent["prefill"])
+    )
+    report.stages.append(
+        StageTiming("decode_kv_buckets", spent["decode"], counts["decode"], device_spent["decode"])
+    )
 
     def sampling() -> int:
         logits = torch.randn(runner.slots, runner.model.config.vocab_size, device=runner.device)
@@ -180,11 +200,11 @@ def run_warmup(
 
     for name, work in (("sampling", sampling), ("prefix_templates", templates), ("requests", requests)):
         try:
-            seconds, items = clock.measure(work)
+            seconds, device_seconds, items = clock.measure(work)
         except Exception as exc:
             report.failures.append({"stage": name, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        report.stages.append(StageTiming(name, seconds, items))
+        report.stages.append(StageTiming(name, seconds, items, device_seconds))
     runner.cache.zero_()
     report.prompt_buckets = list(engine.prompt_buckets)
     report.kv_buckets = list(runner.kv_buckets)

@@ -31,3 +31,20 @@ def test_decode_graph_replays_match_eager_decode():
         runner.prefill(slot, prompt, 16)
     replayed = runner.decode(tokens, positions, 64)
     torch.testing.assert_close(replayed, eager, atol=1e-4, rtol=1e-4)
+
+
+def test_warmup_stages_carry_cuda_event_times_beside_host_times():
+    from engine.engine import Engine
+    from engine.warmup import run_warmup
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=500, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=256, max_position_embeddings=256,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).cuda().eval()
+    runner = ModelRunner(model, slots=2, max_len=256, kv_buckets=(16, 64))
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {2}, (16, 64))
+    report = run_warmup(engine, enabled=True)
+    for stage in report.stages:
+        assert stage.device_seconds is not None and 0 <= stage.device_seconds <= stage.seconds * 1.05
