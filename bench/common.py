@@ -185,3 +185,32 @@ def write_results(
 
 def progress(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def plot_ttft_by_index(
+    series: dict[str, list[float]],
+    path: Path,
+    title: str,
+    *,
+    style: str = ".",
+    divider: tuple[int, str] | None = None,
+) -> None:
+    """TTFT against request index, one line per configuration (log scale); `divider` marks a phase change."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    for name, ttft in series.items():
+        ax.plot(range(len(ttft)), ttft, style, markersize=3, linewidth=0.6, alpha=0.8, label=name)
+    if divider is not None:
+        ax.axvline(divider[0], color="grey", linestyle=":", label=divider[1])
+    ax.set_yscale("log")
+    ax.set_xlabel("request index after READY")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

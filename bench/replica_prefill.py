@@ -26,6 +26,7 @@ from bench.common import (
     add_engine_args,
     engine_env,
     model_dir_for,
+    plot_ttft_by_index,
     print_table,
     progress,
     write_results,
@@ -66,25 +67,6 @@ def serve(
             return [probe.ttft_ms(text) for text in prompts]
         finally:
             probe.close()
-
-
-def plot(series: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for name, ttft in series.items():
-        ax.plot(range(len(ttft)), ttft, ".-", markersize=3, linewidth=0.6, label=name)
-    ax.set_yscale("log")
-    ax.set_xlabel("hot request index after READY")
-    ax.set_ylabel("TTFT (ms)")
-    ax.set_title("First hot requests: new replica with L3 prefill vs cold vs long-warm")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     base = write_results(
         "replica-prefill", args.tag or args.device.split(":")[0], {"rows": rows}, table, command, args.out_dir
     )
-    plot(series, base.with_suffix(".png"))
+    plot_ttft_by_index(
+        series,
+        base.with_suffix(".png"),
+        "First hot requests: new replica with L3 prefill vs cold vs long-warm",
+        style=".-",
+    )
     progress(f"wrote {base}.json/.md/.png")
     return 0
 

@@ -33,6 +33,7 @@ from bench.common import (
     engine_env,
     median,
     model_dir_for,
+    plot_ttft_by_index,
     print_table,
     progress,
     write_results,
@@ -170,26 +171,6 @@ def run_config(args, name: str, model_dir: Path, lengths: list[int], history: li
         redis_proc.wait(timeout=10)
 
 
-def plot(results: list[ConfigResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    for result in results:
-        ax.plot(range(len(result.ttft_ms)), result.ttft_ms, ".", markersize=3, alpha=0.7, label=result.name)
-    ax.axvline(results[0].first_n, color="grey", linestyle=":", label="first 100 | steady")
-    ax.set_yscale("log")
-    ax.set_xlabel("request index after READY")
-    ax.set_ylabel("TTFT (ms)")
-    ax.set_title("TTFT per request, lognormal prompt lengths")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model_dir = model_dir_for(args.preset, args.model_dir)
@@ -242,7 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         command,
         args.out_dir,
     )
-    plot(results, base.with_suffix(".png"))
+    plot_ttft_by_index(
+        {r.name: r.ttft_ms for r in results},
+        base.with_suffix(".png"),
+        "TTFT per request, lognormal prompt lengths",
+        divider=(args.first, "first 100 | steady"),
+    )
     progress(f"wrote {base}.json/.md/.png")
     return 0
 
