@@ -10,6 +10,7 @@ from scheduler.tiers import TierTable
 
 KNOWN_TIERS = TierTable.defaults().names
 TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
+OVERHEAD_BUCKETS = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01]
 
 
 class TritonEngineObserver(EngineObserver):
@@ -80,6 +81,16 @@ class TritonEngineObserver(EngineObserver):
         self.ttft_hist = family(
             "llm_engine_ttft_seconds", "Engine-side time to first token per tier", family.HISTOGRAM
         )
+        self.preemptions = family(
+            "llm_engine_preemptions_total",
+            "Running requests suspended for a more urgent one, by the suspended request's tier",
+            family.COUNTER,
+        )
+        self.overhead = family(
+            "llm_scheduler_overhead_seconds",
+            "Scheduling time per request: admission, queueing, dispatch and preemption decisions",
+            family.HISTOGRAM,
+        )
         # Families are attributes on purpose: the backend rejects a Metric whose family was collected.
         self._metrics: dict[tuple, object] = {}
         self._batch_max = 0
@@ -97,6 +108,8 @@ class TritonEngineObserver(EngineObserver):
             self._metric(self.ttft_sum, tier=tier)
             self._metric(self.ttft_count, tier=tier)
             self._histogram(tier)
+            self._histogram(tier, self.overhead, OVERHEAD_BUCKETS)
+            self._metric(self.preemptions, tier=tier)
             self._metric(self.tokens, tier=tier)
             for status in ("stop", "length", "cancelled", "error", "cached"):
                 self._metric(self.finished, tier=tier, status=status)
@@ -144,6 +157,12 @@ class TritonEngineObserver(EngineObserver):
         self._metric(self.tier_control, tier=tier, kind=kind).set(value)
         self._metric(self.adaptations, tier=tier, kind=kind).increment(1)
 
+    def on_preemption(self, tier: str) -> None:
+        self._metric(self.preemptions, tier=tier).increment(1)
+
+    def on_scheduling(self, tier: str, seconds: float) -> None:
+        self._histogram(tier, self.overhead, OVERHEAD_BUCKETS).observe(seconds)
+
     def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
         for (tier, counter), value in counters.items():
             delta = value - self._cache_seen.get((tier, counter), 0.0)
@@ -161,10 +180,11 @@ class TritonEngineObserver(EngineObserver):
             self._metric(self.active).set(active)
             self._metric(self.kv_used).set(kv_tokens * self.kv_bytes_per_token)
 
-    def _histogram(self, tier: str):
-        key = (id(self.ttft_hist), (("tier", tier),))
+    def _histogram(self, tier: str, family=None, buckets: list[float] = TTFT_BUCKETS):
+        family = family or self.ttft_hist
+        key = (id(family), (("tier", tier),))
         if key not in self._metrics:
-            self._metrics[key] = self.ttft_hist.Metric(labels=self._labels(tier=tier), buckets=TTFT_BUCKETS)
+            self._metrics[key] = family.Metric(labels=self._labels(tier=tier), buckets=buckets)
         return self._metrics[key]
 
     def record_warmup(self, report: WarmupReport, kv_bytes: int, kv_bytes_per_token: int) -> None:

@@ -171,8 +171,13 @@ class StreamingSession:
         tenant: str | None = None,
         on_piece: PieceCallback | None = None,
         request_id: str | None = None,
+        triton_priority: bool = True,
     ) -> str:
-        """Send one request without waiting; returns its request id."""
+        """Send one request without waiting; returns its request id.
+
+        `triton_priority` puts the tier's priority on the request for Triton's own queues (False: the
+        model's default priority, e.g. for a baseline that must not get precedence from Triton).
+        """
         inputs = build_inputs(
             prompt, sampling=sampling, stream=stream, exclude_input_in_output=exclude_input_in_output,
             tier=tier, tenant=tenant,
@@ -191,7 +196,7 @@ class StreamingSession:
                 inputs,
                 request_id=rid,
                 enable_empty_final_response=True,
-                priority=tier_priority(tier),
+                priority=tier_priority(tier) if triton_priority else 0,
             )
         except InferenceServerException as exc:
             self._finish(rid, self._explain_stream_error() or str(exc))

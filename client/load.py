@@ -126,12 +126,14 @@ def run_load(
     progress_every_s: float = 1.0,
     timeout_s: float = 120.0,
     model: str = "llm",
+    triton_priority: bool = True,
 ) -> list[RequestRecord]:
     """Send `planned` open loop and return one record per request, in plan order.
 
     `concurrency_limit` caps requests in flight (a client-side connection pool); a request that finds
     the pool full is sent late, and its `send_lag_s` says by how much. A request without a final
     response `timeout_s` after its send is a timeout (still-open ones are cancelled at the end).
+    `triton_priority`: see StreamingSession.submit.
     """
     if concurrency_limit is not None and concurrency_limit < 1:
         raise ValueError(f"concurrency_limit must be >= 1 or None, got {concurrency_limit}")
@@ -157,8 +159,9 @@ def run_load(
                 time.sleep(POLL_S if full else min(due, progress_every_s, 0.05))
             send = time.perf_counter() - start
             rid = sessions[plan.tier].submit(
-                plan.prompt, sampling=plan.sampling(), tier=plan.tier, tenant=plan.tenant
-            )
+                plan.prompt, sampling=plan.sampling(), tier=plan.tier, tenant=plan.tenant,
+                triton_priority=triton_priority,
+            )  # fmt: skip
             sent[i] = (plan.tier, rid, send)
         _drain(sessions, sent, start, timeout_s, on_progress, progress_every_s, len(planned))
         results = {tier: s.results() for tier, s in sessions.items()}

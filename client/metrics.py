@@ -39,3 +39,29 @@ def metric_total(metrics: dict[str, float], name: str, **labels: str) -> float:
         if key.split("{")[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items()):
             total += value
     return total
+
+
+def histogram_delta(before: dict[str, float], after: dict[str, float], name: str) -> dict[float, float]:
+    """Cumulative bucket counts {le: count} observed between two scrapes, summed over label sets."""
+    buckets: dict[float, float] = {}
+    for key, value in after.items():
+        if key.split("{")[0] != f"{name}_bucket" or 'le="' not in key:
+            continue
+        le = key.split('le="', 1)[1].split('"', 1)[0]
+        bound = float("inf") if le == "+Inf" else float(le)
+        buckets[bound] = buckets.get(bound, 0.0) + value - before.get(key, 0.0)
+    return buckets
+
+
+def histogram_quantile(buckets: dict[float, float], q: float) -> float | None:
+    """Upper bound of the bucket holding quantile `q` (an upper bound of the true quantile); None when
+    nothing was observed, inf when it lies beyond the last finite bucket."""
+    if not buckets:
+        return None
+    total = max(buckets.values())
+    if total <= 0:
+        return None
+    for bound in sorted(buckets):
+        if buckets[bound] >= q * total:
+            return bound
+    return float("inf")

@@ -54,6 +54,8 @@ class EngineConfig:
     queue_policy: str = "slo"
     max_queued: int = 256
     admission_control: bool = True
+    preemption: bool = True
+    max_preemptions: int = 2
     feedback_interval_s: float = 5.0
     prefix_cache_blocks: int = 256
     prefix_block_size: int = 16

@@ -30,6 +30,7 @@ from engine.response_tier import ResponseTier
 from engine.slo_feedback import SloFeedbackLoop
 from scheduler.admission import AdmissionController, EngineLoad
 from scheduler.feedback import FeedbackController
+from scheduler.preemption import Contender, PreemptionPolicy, RunningRequest
 from scheduler.tiers import TierTable
 
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
@@ -46,6 +47,7 @@ class _Active:
     last_token: int = 0
     position: int = 0
     done: str | None = None
+    preemptions: int = 0
 
     @property
     def tier(self) -> str:
@@ -66,6 +68,7 @@ class Engine:
         queue_policy: str = "slo",
         max_queued: int | None = None,
         admission: AdmissionController | None = None,
+        preemption: PreemptionPolicy | None = None,
     ):
         self.runner = runner
         self.token_bytes = token_bytes
@@ -97,8 +100,8 @@ class Engine:
         self.deferred_shapes: list[tuple[str, int]] = []
         self.deferred_templates: list[tuple[list[int], str]] = []
         self.prefix_cache: PrefixCache | None = None
-        self.deferred_templates: list[tuple[list[int], str]] = []
-        self.prefix_cache: PrefixCache | None = None
+        self.preemption = preemption
+        self._suspended: dict[str, _Active] = {}
         self.recorder: TrafficRecorder | None = None
 
     @property
@@ -129,6 +132,7 @@ class Engine:
         with self._lock:
             if not self._accepting:
                 raise RequestError.unavailable("the engine is shutting down; retry on another replica")
+            began = time.perf_counter_ns()
             if self.admission is not None:
                 arrival = request.params.arrival_ns or request.received_ns
                 decision = self.admission.check(
@@ -136,6 +140,7 @@ class Engine:
                 )
                 decision.raise_if_rejected()
             self.policy_queue.push(request)
+            request.scheduling_ns += time.perf_counter_ns() - began
             self._lock.notify()
 
     def _answer_from_cache(self, request: EngineRequest, output: list[int]) -> None:
@@ -301,23 +306,78 @@ class Engine:
                 self._cancel_queued(queued)
 
     def _cancel_queued(self, request: EngineRequest) -> None:
+        self._suspended.pop(request.request_id, None)
         request.sink.fail("CANCELLED", "the client cancelled this request")
         self.stats.count_finish("cancelled")
         self.observer.on_finish(request.params.tier, "cancelled", 0)
 
     def _admit(self) -> bool:
         admitted = False
-        while self._free:
+        while True:
             with self._lock:
-                if not self._queue:
+                began = time.perf_counter_ns()
+                if not self._queue or not (self._free or self._preempt_for_head_locked()):
                     break
                 request = self._queue.pop()
+                request.scheduling_ns += time.perf_counter_ns() - began
             if request.sink.cancelled():
                 self._cancel_queued(request)
                 continue
-            self._start(request, self._free.pop())
+            slot = self._free.pop()
+            suspended = self._suspended.pop(request.request_id, None)
+            if suspended is not None:
+                self._resume(suspended, slot)
+            else:
+                self._start(request, slot)
             admitted = True
         return admitted
+
+    def _preempt_for_head_locked(self) -> bool:
+        """Suspend a lower-tier request when the queue's head would miss its deadline waiting for a slot."""
+        if self.preemption is None or not self._active:
+            return False
+        head = self._queue.peek()
+        running = [
+            RunningRequest(
+                s.slot, s.request.priority, s.request.params.max_tokens - len(s.output), s.preemptions
+            )
+            for s in self._active.values()
+        ]
+        prefill_s = len(head.prompt_ids) / self.prefill_rate.get(5000.0)
+        slot = self.preemption.victim(
+            Contender(head.priority, head.deadline_ns, prefill_s),
+            running,
+            self.decode_step_s.get(0.02),
+            time.time_ns(),
+        )
+        if slot is None:
+            return False
+        self._suspend(self._active[slot])
+        return True
+
+    def _suspend(self, state: _Active) -> None:
+        """Give the slot up and requeue the request; it resumes from its tokens (first token already sent)."""
+        if self.prefix_cache is not None:  # park what the slot computed so resuming mostly copies blocks
+            self.prefix_cache.store(state.slot, self._computed_tokens(state), state.request.params.tenant)
+        state.preemptions += 1
+        self.stats.preemptions += 1
+        self.observer.on_preemption(state.tier)
+        self._release(state)
+        self._suspended[state.request.request_id] = state
+        self.policy_queue.push(state.request, requeue=True)
+
+    @staticmethod
+    def _computed_tokens(state: _Active) -> list[int]:
+        """Tokens whose KV the slot holds: the prompt and every output token but the last (not yet fed)."""
+        return state.request.prompt_ids + state.output[:-1]
+
+    def _resume(self, state: _Active, slot: int) -> None:
+        state.slot = slot
+        self._active[slot] = state
+        started = time.perf_counter()
+        self.prefill(slot, self._computed_tokens(state), state.request.params.tenant)
+        self.stats.resumes += 1
+        self.observer.on_step("prefill", 1, time.perf_counter() - started)
 
     def _start(self, request: EngineRequest, slot: int) -> None:
         params = request.params
@@ -343,6 +403,7 @@ class Engine:
             self.prefix_cache.store(slot, request.prompt_ids, params.tenant)
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
         self.observer.on_first_token(params.tier, ttft_s)
+        self.observer.on_scheduling(params.tier, request.scheduling_ns / 1e9)
         if self.feedback is not None:
             self.feedback.window.observe(params.tier, ttft_s * 1000.0)
         self.observer.on_prefix(reused, len(request.prompt_ids))

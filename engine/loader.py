@@ -32,6 +32,7 @@ from engine.observer import EngineObserver
 from engine.traffic_recorder import TrafficRecorder
 from engine.warmup import StageTiming, WarmupReport, run_warmup
 from scheduler.admission import AdmissionController
+from scheduler.preemption import PreemptionPolicy
 from scheduler.tiers import TierTable
 from scheduler.warmup_planner import BucketPlan, plan_buckets, predict_reserve
 
@@ -215,6 +216,7 @@ def load_engine(
         admission=AdmissionController(tiers, max_queued=config.max_queued)
         if config.admission_control
         else None,
+        preemption=PreemptionPolicy(config.max_preemptions) if config.preemption else None,
     )
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
     fingerprint = model_fingerprint(model_dir, max_len) + f"|{config.dtype}|slot-kv-v1"

@@ -22,6 +22,12 @@ class EngineObserver:
 
     def on_adaptation(self, tier: str, kind: str, value: float) -> None: ...
 
+    def on_preemption(self, tier: str) -> None:
+        """A running request of `tier` gave its slot to a more urgent one."""
+
+    def on_scheduling(self, tier: str, seconds: float) -> None:
+        """Scheduler overhead for one request (admission, queue, dispatch), reported when it starts."""
+
     def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
         """Cumulative per-tier cache counters ((tier, counter) -> value), about once a second."""
 
@@ -39,6 +45,8 @@ class EngineStats:
     new_shapes_after_ready: int = 0
     prompt_tokens: int = 0
     prefix_reused_tokens: int = 0
+    preemptions: int = 0
+    resumes: int = 0
     shapes_seen: set[tuple[str, int]] = field(default_factory=set)
 
     def count_finish(self, status: str) -> None:

@@ -46,7 +46,8 @@ class PolicyQueue:
         )
         self.flat_priority = tiers.default.priority
 
-    def push(self, request: EngineRequest) -> None:
+    def push(self, request: EngineRequest, requeue: bool = False) -> None:
+        """`requeue`: a suspended request coming back; it was admitted once, so capacity never refuses it."""
         priority, deadline = request.priority, request.deadline_ns
         if self.policy in ("fifo", "edf"):
             priority = self.flat_priority
@@ -54,5 +55,6 @@ class PolicyQueue:
             deadline = request.received_ns
         cost = len(request.prompt_ids) + request.params.max_tokens
         self.queue.push(
-            request, priority, deadline, key=request.request_id, tenant=request.params.tenant, cost=cost
-        )
+            request, priority, deadline, key=request.request_id, tenant=request.params.tenant, cost=cost,
+            check_capacity=not requeue,
+        )  # fmt: skip

@@ -33,3 +33,4 @@ class EngineRequest:
     deadline_ns: int
     sink: ResponseSink
     received_ns: int = 0
+    scheduling_ns: int = 0  # time spent deciding about it: admission, queueing, dispatch, preemption

@@ -265,11 +265,13 @@ class SloQueue(Generic[T]):
         tenant: str = DEFAULT_TENANT,
         cost: float = 1.0,
         now_ns: int | None = None,
+        check_capacity: bool = True,
     ) -> Hashable:
         """Queue `item`; returns its key (the given one, else a fresh sequence number) for `remove`.
 
         `cost` is what serving it charges the tenant's counter (e.g. prompt + expected output tokens);
-        `now_ns` is its arrival time for aging (default: the clock). Raises QueueFull at capacity.
+        `now_ns` is its arrival time for aging (default: the clock). Raises QueueFull at capacity,
+        unless `check_capacity` is False (work taken back from a slot must not be dropped).
         """
         priority = int(priority)
         cost = float(cost)
@@ -277,7 +279,8 @@ class SloQueue(Generic[T]):
             raise ValueError(f"cost must be a finite number > 0, got {cost!r}")
         if key is not None and key in self._live:
             raise ValueError(f"key {key!r} is already queued; keys must be unique among queued items")
-        self._check_capacity(priority)
+        if check_capacity:
+            self._check_capacity(priority)
         now = self._clock() if now_ns is None else int(now_ns)
         seq = self._next_seq
         self._next_seq += 1

@@ -293,3 +293,25 @@ def test_requests_carry_their_tier_as_triton_priority():
 
     assert [tier_priority(t) for t in ("critical", "warmup", "standard", "batch")] == [1, 2, 3, 4]
     assert tier_priority(None) == 0 and tier_priority("custom-tier") == 0
+
+
+def test_histogram_quantile_from_two_scrapes():
+    from client.metrics import histogram_delta, histogram_quantile, parse_metrics
+
+    def scrape(counts):
+        lines = []
+        for tier, per_le in counts.items():
+            for le, n in per_le.items():
+                lines.append(f'llm_scheduler_overhead_seconds_bucket{{tier="{tier}",le="{le}"}} {n}')
+        return parse_metrics("\n".join(lines))
+
+    before = scrape({"a": {"0.001": 5, "0.01": 5, "+Inf": 5}})
+    after = scrape(
+        {"a": {"0.001": 100, "0.01": 104, "+Inf": 105}, "b": {"0.001": 100, "0.01": 100, "+Inf": 100}}
+    )
+    buckets = histogram_delta(before, after, "llm_scheduler_overhead_seconds")
+    assert buckets == {0.001: 195, 0.01: 199, float("inf"): 200}
+    assert histogram_quantile(buckets, 0.95) == 0.001
+    assert histogram_quantile(buckets, 0.99) == 0.01
+    assert histogram_quantile(buckets, 1.0) == float("inf")
+    assert histogram_quantile({}, 0.99) is None
