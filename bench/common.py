@@ -165,13 +165,22 @@ def _fmt(value: object) -> str:
 
 
 def write_results(
-    name: str, tag: str, payload: dict, table: str, command: str, results_dir: Path | None = None
+    name: str,
+    tag: str,
+    payload: dict,
+    table: str,
+    command: str,
+    results_dir: Path | None = None,
+    machine: str | None = None,
 ) -> Path:
-    """<results_dir>/<name>-<tag>.json and .md (command, machine, date beside the figures)."""
+    """<results_dir>/<name>-<tag>.json and .md (command, machine, date beside the figures).
+
+    `machine`: where the figures were measured when that is not here (a report rebuilt from saved runs).
+    """
     results_dir = results_dir or RESULTS
     results_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    meta = {"command": command, "machine": machine_description(), "date": stamp}
+    meta = {"command": command, "machine": machine or machine_description(), "date": stamp}
     data = {**meta, **{k: (asdict(v) if is_dataclass(v) else v) for k, v in payload.items()}}
     base = results_dir / f"{name}-{tag}"
     base.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")

@@ -41,6 +41,7 @@ bench/results/scheduler-<tag>.{json,md,png} (attainment and critical P95 against
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shlex
@@ -556,6 +557,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--targets", default=None,
                    help="TTFT targets (ms), e.g. critical=150,batch=9000 (default: per device)")  # fmt: skip
     p.add_argument("--baseline-admission", choices=("off", "on"), default="off")
+    p.add_argument(
+        "--merge", type=Path, nargs="+", help="report from earlier result JSONs instead of running"
+    )
     add_engine_args(p)
     args = p.parse_args(argv)
     args.policy_list = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -577,29 +581,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    began = time.perf_counter()
-    run_root = REPO_ROOT / ".run" / "bench-scheduler"
-    run_root.mkdir(parents=True, exist_ok=True)
-    tiers_text = tiers_yaml(args.targets)
-    tiers_file = run_root / "tiers.yaml"
-    tiers_file.write_text(tiers_text, encoding="utf-8")
-    wl = workload(args.model_dir, args)
-    rates, capacity = args.rate_list, None
-    schedules: dict = {}
-    by_policy: dict[str, list[RunResult]] = {}
-    for policy in args.policy_list:
-        runs, rates, probed = run_policy(policy, rates, args, wl, tiers_file, schedules)
-        capacity = capacity or probed
-        by_policy[policy] = runs
-    assert rates is not None
-    all_runs = [r for runs in by_policy.values() for r in runs]
-    table = results_table(all_runs)
-    gtable, summary = goodput_table(by_policy, rates, capacity)
+def setup_text(args: argparse.Namespace, rates: list[float], capacity: float | None) -> str:
     state = git_state()
     model = f"{args.model_dir.name} on {args.device} ({args.dtype})"
-    setup = (
+    return (
         f"Setup: {model}, engine max_batch_size {args.slots}; per rate and seed {args.duration:g} s of "
         f"gamma arrivals (CV {args.cv:g}), first {args.warmup_s:g} s excluded; seeds "
         f"{', '.join(map(str, args.seeds))} (+1000 x rate index; the same schedules for every policy); mix "
@@ -626,25 +611,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "."
     )
-    print(setup)
-    elapsed = time.perf_counter() - began
-    progress(f"whole benchmark took {elapsed:.0f} s")
-    command = "python -m bench.scheduler " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
-    )
+
+
+def report(
+    by_policy: dict[str, list[RunResult]], rates: list[float], capacity: float | None, setup: str,
+    targets: dict[str, float], extra: dict, command: str, tag: str, out_dir: Path | None,
+    machine: str | None = None,
+) -> Path:  # fmt: skip
+    """Tables, JSON and plot of whatever has run so far (written after every policy)."""
+    all_runs = [r for runs in by_policy.values() for r in runs]
+    table = results_table(all_runs)
+    gtable, summary = goodput_table(by_policy, rates, capacity)
     payload = {
-        "setup": setup,
-        "tiers_yaml": tiers_text,
-        "targets_ms": args.targets,
-        "capacity_rps": capacity,
-        "rates": rates,
-        "summary": summary,
-        "git": state,
-        "elapsed_s": elapsed,
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "runs": [asdict(r) for r in all_runs],
-    }
-    crit = args.targets["critical"]
+        "setup": setup, "targets_ms": targets, "capacity_rps": capacity, "rates": rates, "summary": summary,
+        **extra, "runs": [asdict(r) for r in all_runs],
+    }  # fmt: skip
+    crit = targets["critical"]
     md = (
         f"{table}\n\nTTFT percentiles are over successful requests, pooled over the seeds; attainment "
         "counts every request of the tier (rejections, errors, timeouts are misses); 'by seed': the range "
@@ -655,9 +637,81 @@ def main(argv: list[str] | None = None) -> int:
         f"Critical goodput (highest swept rate with >= 95% of critical requests within {crit:g} ms, at it "
         f"and every lower rate):\n\n{gtable}\n\n{setup}\n"
     )
-    base = write_results("scheduler", args.tag, payload, md, command.strip(), args.out_dir)
+    base = write_results("scheduler", tag, payload, md, command, out_dir, machine)
     plot(by_policy, capacity, crit, base.with_suffix(".png"))
-    progress(f"wrote {base}.json/.md/.png")
+    return base
+
+
+def load_runs(path: Path) -> tuple[list[RunResult], dict]:
+    """Runs saved by an earlier invocation (its JSON), for --merge."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    runs = []
+    for raw in data["runs"]:
+        raw = dict(raw)
+        raw["tiers"] = {k: TierStats(**v) for k, v in raw["tiers"].items()}
+        raw["critical_attainment_by_seed"] = {
+            int(k): v for k, v in raw["critical_attainment_by_seed"].items()
+        }
+        raw["load_avg_1m"] = tuple(raw["load_avg_1m"])
+        runs.append(RunResult(**raw))
+    return runs, data
+
+
+def merge(paths: list[Path], command: str, tag: str, out_dir: Path | None) -> Path:
+    """One report from runs of several invocations (e.g. policies split over GPU sessions)."""
+    by_policy: dict[str, list[RunResult]] = {}
+    first: dict = {}
+    for path in paths:
+        runs, data = load_runs(path)
+        first = first or data
+        for run in runs:
+            by_policy.setdefault(run.policy, []).append(run)
+    by_policy = {p: by_policy[p] for p in POLICIES if p in by_policy}
+    rates = sorted({r.rate for runs in by_policy.values() for r in runs})
+    sources = "; ".join(f"{p.name}: `{json.loads(p.read_text())['command']}`" for p in paths)
+    setup = f"{first['setup']} Measured {first['date']}; merged from {sources}."
+    extra = {"merged_from": [str(p) for p in paths]}
+    return report(
+        by_policy, rates, first["capacity_rps"], setup, first["targets_ms"], extra, command, tag, out_dir,
+        first["machine"],
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = "python -m bench.scheduler " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
+    if args.merge:
+        base = merge(args.merge, command.strip(), args.tag, args.out_dir)
+        progress(f"wrote {base}.json/.md/.png")
+        return 0
+    began = time.perf_counter()
+    run_root = REPO_ROOT / ".run" / "bench-scheduler"
+    run_root.mkdir(parents=True, exist_ok=True)
+    tiers_text = tiers_yaml(args.targets)
+    tiers_file = run_root / "tiers.yaml"
+    tiers_file.write_text(tiers_text, encoding="utf-8")
+    wl = workload(args.model_dir, args)
+    rates, capacity = args.rate_list, None
+    schedules: dict = {}
+    by_policy: dict[str, list[RunResult]] = {}
+    for policy in args.policy_list:
+        runs, rates, probed = run_policy(policy, rates, args, wl, tiers_file, schedules)
+        capacity = capacity or probed
+        by_policy[policy] = runs
+        assert rates is not None
+        extra = {
+            "tiers_yaml": tiers_text, "git": git_state(), "elapsed_s": time.perf_counter() - began,
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        }  # fmt: skip
+        setup = setup_text(args, rates, capacity)
+        base = report(
+            by_policy, rates, capacity, setup, args.targets, extra, command.strip(), args.tag, args.out_dir
+        )
+        progress(f"{policy} done; wrote {base}.json/.md/.png")
+    print(setup)
+    progress(f"whole benchmark took {time.perf_counter() - began:.0f} s")
     return 0
 
 

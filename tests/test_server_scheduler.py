@@ -8,6 +8,7 @@ import time
 import pytest
 
 from client.generate import StreamingSession
+from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, start_stack
 from tests.conftest import MODEL_DIR
 
@@ -20,6 +21,7 @@ tiers:
   standard: {priority: 3, ttft_target_ms: 20000, sheddable: false, max_queue_ms: 60000}
   batch:    {priority: 4, ttft_target_ms: 60000, sheddable: true, max_queue_ms: 120000}
   bulk:     {priority: 5, ttft_target_ms: 100, sheddable: true, max_queue_ms: 1000}
+  urgent:   {priority: 1, ttft_target_ms: 100, sheddable: false, max_queue_ms: 60000}
 """
 
 
@@ -70,4 +72,30 @@ def test_a_sheddable_request_that_cannot_make_its_deadline_gets_a_clear_error(on
     error = session.result(shed).error or ""
     assert "bulk" in error and "retry" in error.lower(), error
     assert session.result(kept).error is None and session.result(kept).text
+    session.close()
+
+
+def test_an_urgent_request_preempts_a_running_batch_request_which_still_completes(one_slot_stack):
+    preempted_before = metric_total(
+        scrape_metrics(one_slot_stack.metrics_url), "llm_engine_preemptions_total"
+    )
+    session = StreamingSession(one_slot_stack.grpc_url)
+    started: queue.Queue = queue.Queue()
+    blocker_sent = time.perf_counter()
+    blocker = session.submit(
+        "A long batch answer", sampling={"max_tokens": 150, "ignore_eos": True}, tier="batch",
+        on_piece=started.put,
+    )  # fmt: skip
+    started.get(timeout=60)
+    sent = time.perf_counter()
+    urgent = session.submit("Answer me first", sampling={"max_tokens": 4}, tier="urgent")
+    assert session.wait(timeout_s=180)
+    blocker_result, urgent_result = session.result(blocker), session.result(urgent)
+    assert urgent_result.error is None and blocker_result.error is None
+    assert sent + urgent_result.total_s < blocker_sent + blocker_result.total_s
+    assert (
+        len(blocker_result.pieces) >= 140
+    )  # resumed and ran to max_tokens (a piece per token, a few held back)
+    metrics = scrape_metrics(one_slot_stack.metrics_url)
+    assert metric_total(metrics, "llm_engine_preemptions_total", tier="batch") - preempted_before >= 1
     session.close()
