@@ -18,10 +18,12 @@ baselines queue everything (`--baseline-admission on` gives them the same admiss
 Method. A short probe first measures the engine's capacity (requests/s with every slot busy: a burst of
 requests sent at once, completions / makespan) on the first policy's stack; the swept rates are
 fractions of it (`--load-fractions`), so the sweep goes from below to above saturation on any machine.
-For each seed and rate the arrival schedule (gamma gaps, CV 3), the tier mix (critical 0.2, standard
-0.5, batch 0.3), the tenants (Zipf) and the heavy-tailed (lognormal) prompt and output lengths come
-from one seed, identical for every policy. Requests planned in the first `--warmup-s` seconds are sent
-but excluded from the statistics. Between runs the bench waits for the engine's queue and slots to empty.
+For each seed and rate the arrival schedule (gamma gaps, CV 3, scaled so that each window holds
+exactly rate x duration arrivals: client/arrivals.py paced_arrival_times), the tier mix (critical
+0.2, standard 0.5, batch 0.3), the tenants (Zipf) and the heavy-tailed (lognormal) prompt and output
+lengths come from one seed, identical for every policy. Requests planned in the first `--warmup-s`
+seconds are sent but excluded from the statistics. Between runs the bench waits for the engine's queue
+and slots to empty.
 
 Reports per policy and rate, pooled over the seeds: critical attainment (share of *all* critical
 requests whose TTFT met the target; rejections, errors and timeouts are misses) and its range over the
@@ -62,7 +64,7 @@ from bench.common import (
     progress,
     write_results,
 )
-from client.arrivals import arrival_times
+from client.arrivals import paced_arrival_times
 from client.load import RequestRecord, run_load, summarize
 from client.metrics import histogram_delta, histogram_quantile, metric_total, scrape_metrics
 from client.workload import CorpusPrompts, LengthDistribution, TenantSkew, TierMix, Workload
@@ -351,9 +353,7 @@ def run_rate(
     for seed in args.seeds:
         key = (seed, rate)
         if key not in schedules:
-            times = arrival_times(
-                "gamma", rate, duration_s=args.duration, cv=args.cv, seed=seed + 1000 * index
-            )
+            times = paced_arrival_times("gamma", rate, args.duration, cv=args.cv, seed=seed + 1000 * index)
             schedules[key] = wl.generate(times, seed=seed + 1000 * index)
         started = time.perf_counter()
         by_seed[seed] = run_load(
@@ -586,7 +586,8 @@ def setup_text(args: argparse.Namespace, rates: list[float], capacity: float | N
     model = f"{args.model_dir.name} on {args.device} ({args.dtype})"
     return (
         f"Setup: {model}, engine max_batch_size {args.slots}; per rate and seed {args.duration:g} s of "
-        f"gamma arrivals (CV {args.cv:g}), first {args.warmup_s:g} s excluded; seeds "
+        f"gamma arrivals (CV {args.cv:g}, exactly rate x duration per window), first {args.warmup_s:g} s "
+        "excluded; seeds "
         f"{', '.join(map(str, args.seeds))} (+1000 x rate index; the same schedules for every policy); mix "
         + ", ".join(f"{k} {v}" for k, v in MIX.items())
         + f"; {args.tenants} tenants (Zipf 1.1); prompt tokens lognormal median {args.prompt_median:g} "

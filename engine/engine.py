@@ -316,10 +316,15 @@ class Engine:
         while True:
             with self._lock:
                 began = time.perf_counter_ns()
-                if not self._queue or not (self._free or self._preempt_for_head_locked()):
+                if not self._queue:
+                    break
+                victim = None if self._free else self._victim_locked()
+                if not self._free and victim is None:
                     break
                 request = self._queue.pop()
-                request.scheduling_ns += time.perf_counter_ns() - began
+                request.scheduling_ns += time.perf_counter_ns() - began  # the decision, not the KV work
+                if victim is not None:
+                    self._suspend(victim)
             if request.sink.cancelled():
                 self._cancel_queued(request)
                 continue
@@ -332,10 +337,10 @@ class Engine:
             admitted = True
         return admitted
 
-    def _preempt_for_head_locked(self) -> bool:
-        """Suspend a lower-tier request when the queue's head would miss its deadline waiting for a slot."""
+    def _victim_locked(self) -> _Active | None:
+        """The running request to suspend because the queue's head would miss its deadline waiting."""
         if self.preemption is None or not self._active:
-            return False
+            return None
         head = self._queue.peek()
         running = [
             RunningRequest(
@@ -350,10 +355,7 @@ class Engine:
             self.decode_step_s.get(0.02),
             time.time_ns(),
         )
-        if slot is None:
-            return False
-        self._suspend(self._active[slot])
-        return True
+        return None if slot is None else self._active[slot]
 
     def _suspend(self, state: _Active) -> None:
         """Give the slot up and requeue the request; it resumes from its tokens (first token already sent)."""

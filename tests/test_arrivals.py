@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client.arrivals import arrival_times, gap_cv
+from client.arrivals import arrival_times, gap_cv, paced_arrival_times
 
 
 @pytest.mark.parametrize(("kind", "cv"), [("poisson", 1.0), ("gamma", 3.0), ("gamma", 4.0)])
@@ -66,3 +66,14 @@ def test_zero_duration_and_zero_count() -> None:
 def test_bad_arguments_say_what_is_allowed(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         arrival_times(**kwargs)
+
+
+def test_paced_arrivals_offer_the_exact_load_and_stay_bursty() -> None:
+    counts = [len(paced_arrival_times("gamma", 7.0, 6.0, cv=3.0, seed=s)) for s in range(20)]
+    assert set(counts) == {42}
+    times = paced_arrival_times("gamma", 50.0, 100.0, cv=3.0, seed=1)
+    assert 0 <= times[0] and times[-1] < 100.0 and np.all(np.diff(times) >= 0)
+    assert gap_cv(times) > 2.0
+    assert np.array_equal(times, paced_arrival_times("gamma", 50.0, 100.0, cv=3.0, seed=1))
+    with pytest.raises(ValueError, match="duration_s"):
+        paced_arrival_times("gamma", 1.0, 0.0)
