@@ -101,3 +101,50 @@ class LoadCostModel:
                 load_observations=self._load_s_per_byte.count,
                 prefill_observations=self._prefill_s_per_token.count,
             )
+
+
+@dataclass
+class ReuseTotals:
+    """Cumulative outcome of reusing cached KV from one tier (see `ReuseLedger`)."""
+
+    loads: int = 0
+    tokens_loaded: int = 0
+    load_seconds: float = 0.0
+    seconds_saved: float = 0.0
+    seconds_lost_slow_load: float = 0.0
+    slow_loads: int = 0
+
+
+class ReuseLedger:
+    """Time saved by reusing cached KV instead of recomputing it, and time lost when a load was slower.
+
+    Each reuse of `tokens` from a tier is judged against the predicted recompute time of those tokens
+    (the cost model's prefill estimate at that moment): a load that took less saved the difference, one
+    that took more was a slow load and lost the excess. Savings and losses are kept apart so both stay
+    monotone (Prometheus counters never go down); the net time saved is their difference.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tiers: dict[str, ReuseTotals] = {}
+
+    def record(self, tier: str, tokens: int, predicted_recompute_s: float, load_s: float) -> None:
+        if tokens <= 0:
+            return
+        load_s = max(0.0, load_s)
+        gain = predicted_recompute_s - load_s
+        with self._lock:
+            totals = self._tiers.setdefault(tier, ReuseTotals())
+            totals.loads += 1
+            totals.tokens_loaded += tokens
+            totals.load_seconds += load_s
+            if gain >= 0:
+                totals.seconds_saved += gain
+            else:
+                totals.seconds_lost_slow_load -= gain
+                totals.slow_loads += 1
+
+    def totals(self, tier: str) -> ReuseTotals:
+        with self._lock:
+            totals = self._tiers.get(tier, ReuseTotals())
+            return ReuseTotals(**vars(totals))

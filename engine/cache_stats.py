@@ -7,6 +7,10 @@ from dataclasses import asdict
 from engine.prefix_cache import PrefixCache
 from engine.response_tier import ResponseTier
 
+# seconds_saved: sum over reuses of (predicted recompute - load time) where positive;
+# seconds_lost_slow_load and slow_loads: the excess and the count where the load took longer
+REUSE_COUNTERS = ("tokens_loaded", "seconds_saved", "seconds_lost_slow_load", "slow_loads")
+
 
 def cache_counters(
     prefix: PrefixCache | None, responses: ResponseTier | None
@@ -16,9 +20,17 @@ def cache_counters(
     if prefix is not None:
         out[("l1", "hit_blocks")] = prefix.hit_blocks
         out[("l1", "evictions")] = prefix.evictions
+        tiers = ["l1"]
         if prefix.l2 is not None:
             out[("l2", "hit_blocks")] = prefix.l2.hits
             out[("l2", "evictions")] = prefix.l2.evictions
+            tiers.append("l2")
+        if prefix.l3 is not None:
+            tiers.append("l3")
+        for tier in tiers:  # time saved by reuse vs recomputing, and lost on loads slower than that
+            totals = prefix.savings.totals(tier)
+            for name in REUSE_COUNTERS:
+                out[(tier, name)] = getattr(totals, name)
         if prefix.l3 is not None:
             stats = asdict(prefix.l3.store.stats)
             for name in ("hits", "misses", "checksum_failures", "incompatible", "errors", "bytes_loaded"):

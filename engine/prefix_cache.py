@@ -7,17 +7,24 @@ A request reuses the longest cached chain of its prompt and computes only the re
 LRU over unpinned blocks, and a lookup refreshes a chain tail-first, so the tails of long
 prefixes go before the shared heads. Warmed templates can be pinned, up to half the pool: a pool
 full of pinned blocks could admit nothing new.
+
+Every reuse is timed per tier that served it (L1: the copy into the slot; L2 and L3: fetching and
+promoting the blocks plus their share of that copy) and compared with the predicted recompute time
+of its tokens (`ReuseLedger`): the time saved, and for loads slower than recomputing, the time lost.
+The copy is timed on the host clock without a device sync, so on a GPU it is the launch, not the DMA.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+from cache.cost_model import LoadCostModel, ReuseLedger
 from engine.kv_tiers import L3Tier
 from engine.l2_pool import HostBlockPool
 from engine.model_runner import ModelRunner
@@ -35,7 +42,16 @@ def block_keys(tokens: Sequence[int], block_size: int, salt: bytes) -> list[byte
 
 
 class PrefixCache:
-    def __init__(self, runner: ModelRunner, capacity_blocks: int, block_size: int, fingerprint: str):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        capacity_blocks: int,
+        block_size: int,
+        fingerprint: str,
+        clock: Callable[[], float] = time.perf_counter,
+        cost: LoadCostModel | None = None,
+    ):
+        """`cost` prices reuses while there is no L3 (see `cost`); `clock` times them (tests inject one)."""
         self.runner = runner
         self.block_size = block_size
         self.fingerprint = fingerprint.encode()
@@ -53,6 +69,10 @@ class PrefixCache:
         self.l2: HostBlockPool | None = None
         self._protected: set[bytes] = set()
         self.l3: L3Tier | None = None
+        self.clock = clock
+        self.savings = ReuseLedger()
+        self._own_cost = cost or LoadCostModel()
+        self._pending: list[tuple[str, int, float]] = []  # (tier, blocks, fetch seconds) of the last lookup
 
     @property
     def capacity(self) -> int:
@@ -61,6 +81,12 @@ class PrefixCache:
     @property
     def bytes(self) -> int:
         return self.pool.numel() * self.pool.element_size()
+
+    @property
+    def cost(self) -> LoadCostModel:
+        """The cost model whose prefill estimate prices a reuse: L3's (the engine feeds it measured
+        prefills) when there is an L3, else this cache's own, which stays at its prior until fed."""
+        return self.l3.cost if self.l3 is not None else self._own_cost
 
     def salt(self, tenant: str) -> bytes:
         return self.fingerprint + b"|tenant=" + tenant.encode()
@@ -75,12 +101,19 @@ class PrefixCache:
                 break
             found.append(key)
         self.hit_blocks += len(found)
+        self._pending = [("l1", len(found), 0.0)]
         self._protected = set(found)  # promoting the rest of the chain must not evict its head
         try:
             if self.l2 is not None:
-                found += self._promote(keys[len(found) :], self._l2_run(keys[len(found) :]))
+                started = self.clock()
+                promoted = self._promote(keys[len(found) :], self._l2_run(keys[len(found) :]))
+                self._pending.append(("l2", len(promoted), self.clock() - started))
+                found += promoted
             if self.l3 is not None and len(found) < len(keys):
-                found += self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :]))
+                started = self.clock()
+                promoted = self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :]))
+                self._pending.append(("l3", len(promoted), self.clock() - started))
+                found += promoted
         finally:
             self._protected = set()
         for key in reversed(found):  # the head ends most recent: tails are evicted first
@@ -88,8 +121,20 @@ class PrefixCache:
         return [self.index[key] for key in found]
 
     def load(self, slot: int, indices: list[int]) -> int:
-        """Copy cached blocks into the start of `slot`; returns the number of tokens loaded."""
+        """Copy cached blocks into the start of `slot`; returns the number of tokens loaded.
+
+        `indices` is what the last `lookup` returned; the reuse is booked per tier that served it."""
+        started = self.clock()
         self.runner.write_blocks(slot, self.pool[torch.tensor(indices, device=self.pool.device)])
+        copy_s = self.clock() - started
+        pending, self._pending = self._pending, []
+        if sum(blocks for _, blocks, _ in pending) != len(indices):  # not the last lookup's result
+            pending = [("l1", len(indices), 0.0)]
+        for tier, blocks, fetch_s in pending:
+            if blocks:
+                tokens = blocks * self.block_size
+                load_s = fetch_s + copy_s * blocks / len(indices)
+                self.savings.record(tier, tokens, self.cost.predict_prefill_s(tokens), load_s)
         return len(indices) * self.block_size
 
     def store(self, slot: int, tokens: Sequence[int], tenant: str, pin: bool = False) -> int:

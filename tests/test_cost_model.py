@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cache.cost_model import LoadCostModel
+from cache.cost_model import LoadCostModel, ReuseLedger
 
 # A 16-token block of a ~1B Llama in bf16: 16 layers * 2 * 8 heads * 16 tokens * 64 dims * 2 bytes.
 BLOCK_BYTES = 16 * 2 * 8 * 16 * 64 * 2
@@ -82,3 +82,21 @@ def test_rejects_bad_arguments():
         LoadCostModel(prior_load_bytes_per_s=0)
     with pytest.raises(ValueError):
         LoadCostModel(margin=0.5)
+
+
+def test_reuse_ledger_books_savings_and_slow_loads_apart():
+    ledger = ReuseLedger()
+    ledger.record("l3", 64, predicted_recompute_s=0.032, load_s=0.012)  # saved 20 ms
+    ledger.record("l3", 32, predicted_recompute_s=0.016, load_s=0.041)  # slow: lost 25 ms
+    ledger.record("l3", 0, predicted_recompute_s=1.0, load_s=0.0)  # nothing reused: not a load
+    ledger.record("l1", 16, predicted_recompute_s=0.008, load_s=0.008)  # break-even is not slow
+    l3 = ledger.totals("l3")
+    assert (l3.loads, l3.tokens_loaded, l3.slow_loads) == (2, 96, 1)
+    assert l3.seconds_saved == pytest.approx(0.020)
+    assert l3.seconds_lost_slow_load == pytest.approx(0.025)
+    assert l3.load_seconds == pytest.approx(0.053)
+    l1 = ledger.totals("l1")
+    assert (l1.loads, l1.slow_loads, l1.seconds_saved, l1.seconds_lost_slow_load) == (1, 0, 0.0, 0.0)
+    assert ledger.totals("l2").loads == 0
+    ledger.totals("l3").seconds_saved = 99.0  # a copy: the ledger is not changed through it
+    assert ledger.totals("l3").seconds_saved == pytest.approx(0.020)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from cache.circuit_breaker import CircuitBreaker
 from cache.cost_model import LoadCostModel
 from cache.kv_format import KVBlockMeta, dtype_name
-from cache.redis_kv_store import RedisKVStore
+from cache.redis_kv_store import KVStoreStats, RedisKVStore
 from deploy.launch import find_free_port
 from engine.engine import Engine
 from engine.kv_tiers import LAYOUT, L3Tier
 from engine.model_runner import ModelRunner
-from engine.prefix_cache import PrefixCache
+from engine.cache_stats import cache_counters
+from engine.prefix_cache import PrefixCache, block_keys
 from tests.test_engine_batching import BUCKETS, EOS, RecordingSink, model, request, run_until_idle  # noqa: F401
+from tests.test_prefix_cache import FakeClock, TimedRunner
 
 PROMPT = [1] + list(range(60, 108))  # three full blocks of 16, plus one token
 
@@ -77,3 +82,63 @@ def test_a_dead_redis_costs_nothing_but_the_reuse(model):  # noqa: F811
     assert len(serve(dead, PROMPT + [3])) == 6
     assert len(serve(dead, PROMPT + [3])) == 6
     assert dead.stats.prefix_reused_tokens == 48, "L1 still works without Redis"
+
+
+class TimedStore:
+    """The RedisKVStore calls L3Tier makes, in memory; a chain GET takes `get_s` on the fake clock."""
+
+    def __init__(self, clock: FakeClock, get_s: float):
+        self.clock, self.get_s = clock, get_s
+        self.blocks: dict[bytes, torch.Tensor] = {}
+        self.stats = KVStoreStats()
+
+    def exists_chain(self, keys):
+        n = 0
+        while n < len(keys) and keys[n] in self.blocks:
+            n += 1
+        return n
+
+    def get_chain(self, keys, meta):
+        self.clock.now += self.get_s
+        return [self.blocks[k] for k in keys]
+
+    def put_chain(self, keys, tensors, meta):
+        self.blocks.update(zip(keys, tensors))
+        return len(keys)
+
+
+def test_l3_loads_book_time_saved_and_slow_loads_lose_the_excess():
+    clock = FakeClock()
+    prompt = list(range(1, 10))  # two full blocks of 4
+    meta = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
+    store = TimedStore(clock, get_s=0.003)
+
+    def fresh_replica() -> PrefixCache:
+        cache = PrefixCache(TimedRunner(clock, copy_s=0.001), 8, 4, "fp", clock=clock)
+        cost = LoadCostModel(prior_load_bytes_per_s=1e12, prior_prefill_tokens_per_s=1000, load_overhead_s=0)
+        cache.l3 = L3Tier(store, meta, cost)
+        return cache
+
+    fast = fresh_replica()
+    for key in block_keys(prompt, 4, fast.salt("t")):
+        store.blocks[key] = torch.zeros(meta.shape)
+    assert fast.cost is fast.l3.cost, "reuses are priced with the prefill rate the engine feeds to L3"
+    fast.load(0, fast.lookup(prompt, "t"))
+    l3 = fast.savings.totals("l3")
+    assert (l3.loads, l3.tokens_loaded, l3.slow_loads, l3.seconds_lost_slow_load) == (1, 8, 0, 0.0)
+    assert l3.seconds_saved == pytest.approx(0.008 - 0.003 - 2 * 0.001)  # recompute 8 tokens at 1000/s
+
+    store.get_s = 0.020  # Redis became slow after the decision to load was made
+    slow = fresh_replica()
+    slow.load(0, slow.lookup(prompt, "t"))
+    slow.load(0, slow.lookup(prompt, "t"))  # now an L1 hit: a saving of that tier, not L3's
+    l3 = slow.savings.totals("l3")
+    assert (l3.loads, l3.slow_loads, l3.seconds_saved) == (1, 1, 0.0)
+    assert l3.seconds_lost_slow_load == pytest.approx(0.020 + 2 * 0.001 - 0.008)
+    counters = cache_counters(slow, None)
+    assert counters[("l3", "slow_loads")] == 1 and counters[("l3", "tokens_loaded")] == 8
+    assert counters[("l3", "seconds_lost_slow_load")] == pytest.approx(0.014)
+    assert counters[("l1", "seconds_saved")] == pytest.approx(0.008 - 2 * 0.001)
+    assert counters[("l3", "decision_load")] == 1
+    for cache in (fast, slow):
+        cache.l3.close()

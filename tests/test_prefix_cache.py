@@ -8,8 +8,11 @@ import sys
 import pytest
 import torch
 
+from cache.cost_model import LoadCostModel
+from engine.cache_stats import cache_counters
 from engine.engine import Engine
-from engine.model_runner import ModelRunner
+from engine.l2_pool import HostBlockPool
+from engine.model_runner import KVShape, ModelRunner
 from engine.prefix_cache import PrefixCache, block_keys
 from engine.warmup import run_warmup
 from tests.test_engine_batching import BUCKETS, EOS, RecordingSink, model, request, run_until_idle  # noqa: F401
@@ -95,3 +98,107 @@ def test_prefill_from_an_offset_matches_transformers(model, start):  # noqa: F81
     runner.prefill(0, prompt, 64)
     reference = model(torch.tensor([prompt])).logits[0, -1]
     torch.testing.assert_close(runner.prefill(0, prompt, 32, start=start), reference, atol=1e-4, rtol=1e-4)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedRunner:
+    """Just the KV block I/O of a ModelRunner; writing blocks into a slot takes `copy_s` per block."""
+
+    def __init__(self, clock: FakeClock, copy_s: float):
+        self.shape = KVShape(layers=1, slots=1, kv_heads=1, max_len=64, head_dim=2)
+        self.dtype, self.device = torch.float32, torch.device("cpu")
+        self.clock, self.copy_s = clock, copy_s
+
+    def read_blocks(self, slot: int, count: int, block_size: int) -> torch.Tensor:
+        return (
+            torch.arange(count, dtype=torch.float32)
+            .view(count, 1, 1, 1, 1, 1)
+            .expand(count, 1, 2, 1, block_size, 2)
+        )
+
+    def write_blocks(self, slot: int, blocks: torch.Tensor) -> None:
+        self.clock.now += self.copy_s * blocks.shape[0]
+
+
+class TimedHostPool(HostBlockPool):
+    def __init__(self, clock: FakeClock, get_s: float, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clock, self.get_s = clock, get_s
+
+    def get(self, key: bytes):
+        block = super().get(key)
+        if block is not None:
+            self.clock.now += self.get_s
+        return block
+
+
+def test_an_l1_hit_books_the_predicted_recompute_minus_the_copy():
+    clock = FakeClock()
+    cache = PrefixCache(
+        TimedRunner(clock, copy_s=0.001),
+        8,
+        4,
+        "fp",
+        clock=clock,
+        cost=LoadCostModel(prior_prefill_tokens_per_s=1000),
+    )
+    prompt = list(range(1, 10))  # two full blocks of 4 plus one token
+    cache.store(0, prompt, "t")
+    hits = cache.lookup(prompt, "t")
+    assert cache.load(0, hits) == 8
+    l1 = cache.savings.totals("l1")
+    assert (l1.loads, l1.tokens_loaded, l1.slow_loads) == (1, 8, 0)
+    assert l1.seconds_saved == pytest.approx(8 / 1000 - 2 * 0.001)  # 8 tokens at 1000/s minus two copies
+    assert l1.load_seconds == pytest.approx(0.002)
+    counters = cache_counters(cache, None)
+    assert counters[("l1", "seconds_saved")] == pytest.approx(0.006)
+    assert counters[("l1", "tokens_loaded")] == 8 and counters[("l1", "slow_loads")] == 0
+    assert ("l2", "seconds_saved") not in counters and ("l3", "seconds_saved") not in counters
+
+
+def test_hits_are_booked_per_tier_with_that_tiers_fetch_time():
+    clock = FakeClock()
+    runner = TimedRunner(clock, copy_s=0.001)
+    cache = PrefixCache(runner, 2, 4, "fp", clock=clock, cost=LoadCostModel(prior_prefill_tokens_per_s=1000))
+    cache.l2 = TimedHostPool(clock, 0.002, 8, (1, 2, 1, 4, 2), torch.float32, pin=False)
+    prompt = list(range(1, 10))
+    cache.store(0, prompt, "t")  # two blocks fill L1
+    cache.store(0, list(range(50, 59)), "t")  # two other blocks push them down to L2
+    assert cache.evictions == 2
+    cache.lookup(list(range(50, 59)), "t")  # an L1 lookup without a load is not booked
+    hits = cache.lookup(prompt, "t")
+    assert len(hits) == 2
+    cache.load(0, hits)
+    l2 = cache.savings.totals("l2")
+    assert (l2.loads, l2.tokens_loaded) == (1, 8)
+    assert l2.seconds_saved == pytest.approx(0.008 - (2 * 0.002 + 2 * 0.001))  # two gets, two copies
+    assert cache.savings.totals("l1").loads == 0
+    cache.l2.get_s = 0.010  # an L2 slower than recomputing: booked as a loss, not as a saving
+    cache.store(0, list(range(50, 59)), "t")
+    cache.load(0, cache.lookup(prompt, "t"))
+    l2 = cache.savings.totals("l2")
+    assert (l2.loads, l2.slow_loads) == (2, 1)
+    assert l2.seconds_lost_slow_load == pytest.approx(2 * 0.010 + 2 * 0.001 - 0.008)
+    assert cache_counters(cache, None)[("l2", "slow_loads")] == 1
+
+
+def test_engine_prefix_hits_report_time_saved(model):  # noqa: F811
+    engine = make_engine(model)
+    runner = engine.prefix_cache.runner
+    engine.prefix_cache = PrefixCache(
+        runner, 16, 16, "fp", cost=LoadCostModel(prior_prefill_tokens_per_s=100)
+    )
+    run(engine, PREFIX + [9, 9])
+    assert cache_counters(engine.prefix_cache, None)[("l1", "seconds_saved")] == 0
+    run(engine, PREFIX + [5, 6, 7])
+    l1 = engine.prefix_cache.savings.totals("l1")
+    assert l1.tokens_loaded == 48 and l1.slow_loads == 0
+    assert 0 < l1.load_seconds < 0.48
+    assert l1.seconds_saved == pytest.approx(0.48 - l1.load_seconds)  # 48 tokens at a prior of 100/s

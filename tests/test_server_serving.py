@@ -200,6 +200,7 @@ def test_a_repeated_greedy_request_is_answered_from_the_response_cache(grpc_url,
     prompt, sampling = "Response cache probe: the same question twice", {"max_tokens": 12, "ignore_eos": True}
     first = generate(grpc_url, prompt, sampling=sampling, tenant="rc-a")
     cached_before = engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
+
     def served_from_cache() -> bool:  # the answer is written in the background: poll until the hit shows
         again = generate(grpc_url, prompt, sampling=sampling, tenant="rc-a")
         hits = engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
@@ -224,3 +225,14 @@ def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
 
     assert wait_for(exported, timeout_s=60, interval_s=0.2)
     assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="stores") >= 1
+
+    # sampled without a seed, so the response caches stay out of it: the second request is a prefix hit
+    shared = "Prefix savings probe: a long shared system prompt that spans several KV blocks. " * 3
+    sampled = {"max_tokens": 2, "temperature": 0.7, "ignore_eos": True}
+
+    def saved() -> bool:
+        generate(grpc_url, shared + "Question?", sampling=sampled, tenant="rc-savings")
+        return engine_metric(metrics_url, "llm_engine_cache_total", tier="l1", counter="seconds_saved") > 0
+
+    assert wait_for(saved, timeout_s=60, interval_s=0.2)
+    assert engine_metric(metrics_url, "llm_engine_cache_total", tier="l1", counter="tokens_loaded") >= 16
