@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from cache.embedder import MiniLMEmbedder
-from cache.semantic_cache import QuestionGuard, SemanticResponseCache
+from cache.semantic_cache import (
+    QuestionGuard,
+    SemanticResponseCache,
+    content_words,
+    minimal_pair,
+    normalize_question,
+)
 from deploy.launch import find_free_port
 from scheduler.messages import EngineRequestParams
 
@@ -65,6 +71,13 @@ def test_paraphrase_hits_and_negation_does_not(cache):
         ("Can I get a refund within 14 days?", "Can I get a refund within 30 days?"),
         ("Is it safe to take ibuprofen with food?", "Is it safe to take ibuprofen without food?"),
         ("How do I lock my screen?", "How do I unlock my screen?"),
+        ("Should I exercise when I have a cold?", "Should I avoid exercise when I have a cold?"),
+        ("Is it safe to eat raw eggs?", "Is it unsafe to eat raw eggs?"),
+        ("How do I cancel my booking?", "Is there a fee for cancelling my booking?"),
+        # words swapped in place: no word list names these pairs
+        ("How long should I boil an egg for a soft yolk?", "How long should I boil an egg for a hard yolk?"),
+        ("What is the daily withdrawal limit?", "What is the weekly withdrawal limit?"),
+        ("How do I convert grams of flour to cups?", "How do I convert cups of flour to grams?"),
     ],
 )
 def test_guard_rejects_reversals_negations_and_other_entities(stored, query):
@@ -82,10 +95,79 @@ def test_guard_rejects_reversals_negations_and_other_entities(stored, query):
             "Is it possible to change my billing from monthly to yearly?",
         ),
         ("My verification code never arrived.", "I didn't receive the confirmation code."),
+        ("Is it normal to feel tired after a vaccine?", "Can a vaccine make you feel exhausted afterwards?"),
+        (
+            "Do you refund unused months if I cancel early?",
+            "If I cancel early, can I get a refund for the months I didn't use?",
+        ),
+        ("How do I reset my router?", "What's the way to reset my wireless router?"),  # a word added
+        ("How do I convert grams to cups?", "What's the conversion from grams to cups?"),  # a word's form
     ],
 )
 def test_guard_accepts_paraphrases(stored, query):
     assert QuestionGuard().compatible(stored, query).ok
+    assert QuestionGuard().compatible(query, stored).ok
+
+
+def test_normalize_question_and_content_words():
+    assert normalize_question("Hi, can you tell me how can I reset my router\u2019s password?") == (
+        "how do i reset my router password"
+    )
+    assert normalize_question("What's the best way to combine two dicts in Python?") == (
+        "how do i combine two dicts in python"
+    )
+    assert normalize_question("I can't log in - what's wrong?") == "i cannot log in what is wrong"
+    assert normalize_question("Is there a way to turn on 2FA?") == "how do i turn on 2fa"
+    assert content_words("How do I merge two dictionaries in Python?") == (
+        "merge",
+        "two",
+        "dictionary",
+        "python",
+    )
+    assert minimal_pair(("boil", "egg", "soft", "yolk"), ("boil", "egg", "hard", "yolk"))
+    assert not minimal_pair(("boil", "egg"), ("boil", "egg")), "nothing swapped"
+    assert not minimal_pair(("reset", "router"), ("reset", "wireless", "router")), "only added"
+    assert not minimal_pair(("egg", "yolk"), ("egg", "white")), "one shared word is not a frame"
+    assert not minimal_pair(("a", "b", "c", "d", "e"), ("a", "b", "x", "y", "z")), "reworded, not swapped"
+
+
+def test_queries_are_normalised_before_embedding(cache, embedder):
+    vec = cache.embed_queries(["Can you tell me how can I reset my password?"])[0]
+    np.testing.assert_allclose(vec, embedder.embed(["how do i reset my password"])[0], atol=1e-5)
+
+
+def _at_cosine(base: np.ndarray, other: np.ndarray, cosine: float) -> np.ndarray:
+    """A unit vector at `cosine` to `base`, in the plane of `base` and `other`."""
+    ortho = other - (other @ base) * base
+    ortho /= np.linalg.norm(ortho)
+    return (cosine * base + np.sqrt(1 - cosine**2) * ortho).astype(np.float32)
+
+
+def test_the_lower_band_accepts_differently_worded_questions_only(redis_server, embedder):
+    c = SemanticResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", embedder, threshold=0.8)
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(384).astype(np.float32)
+    base /= np.linalg.norm(base)
+    stored = "How do I cancel my subscription?"
+    assert c.store(stored, "t", GREEDY, "cancel answer", embedding=base)
+    reworded, swapped = "What are the steps to end my plan?", "How do I pause my subscription?"
+    near = _at_cosine(base, rng.standard_normal(384).astype(np.float32), 0.75)
+    assert c.low_threshold == 0.8, "the lower band is off unless asked for"
+    assert c.lookup(reworded, "t", GREEDY, embedding=near) is None
+    hit = c.lookup(reworded, "t", GREEDY, embedding=near, low_threshold=0.7)
+    assert hit is not None and hit.band == "low" and hit.prompt == stored
+    # "pause my subscription" shares a third of its content words with the entry: the band turns it down
+    assert c.lookup(swapped, "t", GREEDY, embedding=near, low_threshold=0.7) is None
+    assert c.snapshot()["low_band_rejections"] == 1
+    high = _at_cosine(base, rng.standard_normal(384).astype(np.float32), 0.85)
+    assert c.lookup(swapped, "t", GREEDY, embedding=high, low_threshold=0.7).band == "high"
+    c.use_guard = False  # the ablation: cosine only, so no lower band either
+    assert c.lookup(reworded, "t", GREEDY, embedding=near, low_threshold=0.7) is None
+    assert (
+        SemanticResponseCache(redis_server, "fp", embedder, threshold=0.8, low_threshold=0.9).low_threshold
+        == 0.8
+    )
+    c.close()
 
 
 def test_tenant_a_never_gets_tenant_b_entry(cache):
