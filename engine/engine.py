@@ -396,8 +396,8 @@ class Engine:
         token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]  # waits for the device
         computed, seconds = len(request.prompt_ids) - reused, max(time.perf_counter() - started, 1e-6)
         self.prefill_rate.update(computed / seconds)
-        if self.prefix_cache is not None and self.prefix_cache.l3 is not None:
-            self.prefix_cache.l3.cost.observe_prefill(computed, seconds)
+        if self.prefix_cache is not None:  # prices reuse (time saved) and L3's load-or-recompute
+            self.prefix_cache.cost.observe_prefill(computed, seconds)
         self.stats.prefill_steps += 1
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
         self._accept_token(state, token)  # the first token leaves before any metrics round trip

@@ -9,6 +9,7 @@ sits on a request's path. Redis trouble is absorbed by the store's circuit break
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,9 +26,21 @@ LAYOUT = "L2HBD-v1"  # [layers, 2 (k/v), kv_heads, block tokens, head_dim]
 
 class L3Tier:
     def __init__(
-        self, store: RedisKVStore, meta: KVBlockMeta, cost: LoadCostModel | None = None, backlog: int = 256
+        self,
+        store: RedisKVStore,
+        meta: KVBlockMeta,
+        cost: LoadCostModel | None = None,
+        backlog: int = 256,
+        ttl_s: float = 86400.0,
+        known_limit: int = 65536,
+        clock=time.monotonic,
     ):
         self.store = store
+        self.ttl_s = ttl_s
+        self.known_limit = known_limit
+        self.clock = clock
+        self._known: OrderedDict[bytes, float] = OrderedDict()  # key -> when Redis was seen holding it
+        self.republish_skipped = 0
         self.meta = meta
         self.cost = cost or LoadCostModel()
         self.block_bytes = (
@@ -46,20 +59,48 @@ class L3Tier:
         if not keys:
             return []
         available = self.store.exists_chain(keys)
+        self._remember(keys[:available])
         if available == 0 or not self.cost.should_load(
             available * self.meta.token_count, available * self.block_bytes
         ):
             return []
         started = time.perf_counter()
         blocks = self.store.get_chain(keys[:available], self.meta)
+        for key in keys[len(blocks) : available]:  # rejected (corrupt, incompatible) and deleted
+            self._known.pop(key, None)
         if blocks:
             self.cost.observe_load(len(blocks) * self.block_bytes, time.perf_counter() - started)
             self.loaded_blocks += len(blocks)
         return blocks
 
     def publish(self, keys: list[bytes], blocks: torch.Tensor) -> None:
-        """Queue blocks [n, ...] for Redis; when the writer falls behind, drop rather than wait."""
+        """Queue blocks [n, ...] for Redis; when the writer falls behind, drop rather than wait.
+
+        Blocks Redis was recently seen holding (a chain recomputed because that was cheaper than
+        loading it) are not written again: the device-to-host copy and the rewrite would only compete
+        with requests, typically right after start-up when a new replica warms its hot prefixes.
+        """
+        fresh = [i for i, key in enumerate(keys) if not self._is_known(key)]
+        self.republish_skipped += len(keys) - len(fresh)
+        if not fresh:
+            return
+        if len(fresh) < len(keys):
+            keys, blocks = [keys[i] for i in fresh], blocks[fresh]
         self._writes.submit((keys, blocks.to("cpu", copy=True)))
+        self._remember(keys)
+
+    def _remember(self, keys: list[bytes]) -> None:
+        now = self.clock()
+        for key in keys:
+            self._known[key] = now
+            self._known.move_to_end(key)
+        while len(self._known) > self.known_limit:
+            self._known.popitem(last=False)
+
+    def _is_known(self, key: bytes) -> bool:
+        """Seen in Redis within half the TTL, so it is still there unless Redis evicted it."""
+        seen = self._known.get(key)
+        return seen is not None and self.clock() - seen < self.ttl_s / 2
 
     def close(self) -> None:
         self._writes.close()

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from cache.traffic_stats import StoreUnavailable, TrafficStatsStore, model_fingerprint
+from engine.compile_cache import CompileCache, compile_cache_for
 from engine.config import EngineConfig
 from engine.detokenize import TokenDecoder
 from engine.engine import Engine
@@ -115,7 +116,7 @@ def build_l3(
     store = RedisKVStore(
         config.redis_url, f"llm:kv:v1:{model_name}", ttl_s=config.l3_ttl_s, breaker=CircuitBreaker()
     )
-    return L3Tier(store, meta)
+    return L3Tier(store, meta, ttl_s=config.l3_ttl_s)
 
 
 def build_response_tier(
@@ -179,6 +180,7 @@ def load_engine(
     log: Callable[[str], None] = print,
     cancelled_elsewhere: Callable[[], set[str]] | None = None,
     model_name: str = "llm_engine",
+    model_version: str = "",
 ) -> LoadedEngine:
     model_dir = Path(config.model_dir)
     if not (model_dir / "config.json").exists():
@@ -231,6 +233,21 @@ def load_engine(
                 config.l2_cache_blocks, tuple(pool.shape[1:]), pool.dtype, pin=runner.device.type == "cuda"
             )
     hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
+    compile_cache: CompileCache | None = None
+    compile_failures: list[dict] = []
+    if config.compile and config.warmup:
+        try:
+            compile_cache = compile_cache_for(
+                config.compile_cache_dir,
+                model_name,
+                model_version,
+                fingerprint,
+                model_dir,
+                runner.slots,
+                runner.device,
+            )
+        except Exception as exc:  # no compile then: the engine serves eager
+            compile_failures.append({"stage": "compile", "error": f"{type(exc).__name__}: {exc}"})
     engine.responses = build_response_tier(config, fingerprint, model_dir, decoder, log)
     load_seconds = time.perf_counter() - started
     log(
@@ -245,9 +262,10 @@ def load_engine(
         plan.histogram,
         hot_prefixes=hot_prefixes,
         prefill_budget_s=config.prefill_budget_s,
+        compile_cache=compile_cache,
     )
     report.stages.insert(0, StageTiming("plan", plan_seconds, len(plan.histogram)))
-    report.failures[:0] = plan.failures + template_failures
+    report.failures[:0] = plan.failures + template_failures + compile_failures
     report.plan = {
         "source": plan.buckets.source,
         "samples": plan.buckets.samples,

@@ -142,3 +142,19 @@ def test_l3_loads_book_time_saved_and_slow_loads_lose_the_excess():
     assert counters[("l3", "decision_load")] == 1
     for cache in (fast, slow):
         cache.l3.close()
+
+
+def test_blocks_redis_already_holds_are_not_written_again(model, redis_server, request):  # noqa: F811
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace)
+    serve(first, PROMPT + [5])
+    first.prefix_cache.l3.close()
+    recompute = LoadCostModel(prior_prefill_tokens_per_s=1e12)  # recomputing always wins here
+    second = replica(model, redis_server, namespace, cost=recompute)
+    writes = []
+    second.prefix_cache.l3._writes.submit = writes.append
+    serve(second, PROMPT + [5])
+    assert second.prefix_cache.l3.loaded_blocks == 0 and second.stats.prefix_reused_tokens == 0
+    assert writes == [] and second.prefix_cache.l3.republish_skipped == 3
+    serve(second, [1] + list(range(200, 232)) + [9])  # new blocks are still published
+    assert len(writes) == 1 and len(writes[0][0]) == 2
