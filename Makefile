@@ -11,10 +11,10 @@ PRESET    ?= tiny
 LAUNCH_ARGS ?=
 ENV       := . .tools/env.sh &&
 
-.PHONY: help setup model run stop test lint bench-coldstart bench-warmup bench-cache bench-scheduler clean distclean
+.PHONY: help setup model run stop test lint bench-coldstart bench-warmup bench-compile bench-cache bench-scheduler clean distclean
 
 help:
-	@echo "make run | test | setup | model | stop | lint | bench-coldstart | bench-warmup | bench-cache | bench-scheduler | clean | distclean"
+	@echo "make run | test | setup | model | stop | lint | bench-coldstart | bench-warmup | bench-compile | bench-cache | bench-scheduler | clean | distclean"
 
 setup:
 	bash scripts/setup.sh
@@ -44,6 +44,9 @@ bench-coldstart: setup model
 
 bench-warmup: setup model
 	$(ENV) $(PY) -m bench.warmup
+
+bench-compile: setup model
+	$(ENV) $(PY) -m bench.compile_cache
 
 bench-cache: setup model
 	$(ENV) $(PY) -m bench.prefix_cache

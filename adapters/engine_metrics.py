@@ -191,7 +191,7 @@ class TritonEngineObserver(EngineObserver):
         self.kv_bytes_per_token = kv_bytes_per_token
         for failure in report.failures:
             self._metric(self.warmup_failures, stage=failure["stage"].split(":")[0]).increment(1)
-        for stage in ("plan", "prefill", "decode", "sampling", "prefix_templates", "requests"):
+        for stage in ("plan", "compile", "prefill", "decode", "sampling", "prefix_templates", "requests"):
             self._metric(self.warmup_failures, stage=stage)
         warmed = sum(stage.items for stage in report.stages if stage.name.endswith("buckets"))
         self._metric(self.warmup_shapes, outcome="warmed").set(warmed)

@@ -50,6 +50,8 @@ class EngineConfig:
     min_batch_size: int = 2
     warmup_budget_s: float = 0.0
     cuda_graphs: bool = True
+    compile: bool = False  # torch.compile the decode step per KV bucket during warmup
+    compile_cache_dir: str = "/tmp/llm-compile-cache"  # keyed per model version inside (compile_cache.py)
     tiers_file: str = ""
     queue_policy: str = "slo"
     max_queued: int = 256

@@ -20,6 +20,28 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+@torch.library.custom_op("llm_engine::write_decode_kv", mutates_args=("cache",))
+def write_decode_kv(
+    cache: torch.Tensor,
+    layer: int,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """The decode step's KV write as one opaque op for torch.compile. Traced as plain indexing, the
+    write into a view of the slot cache (a graph input) is functionalized into a copy of the whole
+    cache per layer (measured: compiled decode 40 ms vs 2 ms eager on the tiny model); as a custom op
+    that declares its mutation, inductor writes in place."""
+    cache[layer, 0, slots, :, positions] = k
+    cache[layer, 1, slots, :, positions] = v
+
+
+@write_decode_kv.register_fake
+def _write_decode_kv_fake(cache, layer, slots, positions, k, v) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class KVShape:
     layers: int
@@ -67,6 +89,9 @@ class ModelRunner:
         self._graph_pool = None
         self._graph_tokens = self._graph_positions = None
         self.use_cuda_graphs = False
+        self._compiled_decode = None
+        self.compiled_buckets: set[int] = set()
+        self.compile_fallbacks = 0  # compiled-bucket steps that ran eagerly (a guard failed)
 
     @property
     def slots(self) -> int:
@@ -122,7 +147,7 @@ class ModelRunner:
         """
         graph = self._graphs.get(kv_len)
         if graph is None:
-            return self._decode_eager(last_tokens, positions, kv_len)
+            return self._decode_step(kv_len)(last_tokens, positions, kv_len)
         self._graph_tokens.copy_(last_tokens)
         self._graph_positions.copy_(positions)
         graph.replay()
@@ -132,6 +157,59 @@ class ModelRunner:
     def graph_buckets(self) -> tuple[int, ...]:
         return tuple(sorted(self._graphs))
 
+    def _decode_step(self, kv_len: int):
+        """The decode function for `kv_len`: compiled when `compile_decode(kv_len)` succeeded, else
+        eager. A bucket that was not compiled never reaches torch.compile at serving time, so a new
+        bucket can never trigger a multi-second compile in the middle of traffic."""
+        if kv_len in self.compiled_buckets:
+            return self._decode_compiled
+        return self._decode_eager
+
+    def _decode_compiled(
+        self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int
+    ) -> torch.Tensor:
+        """The compiled step; should a guard ever fail at serving time (inputs unlike those compiled
+        for), that step runs eagerly instead of compiling, and `compile_fallbacks` counts it. The
+        guard check raises before anything runs, so the eager step starts from the same state."""
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return self._compiled_decode(last_tokens, positions, kv_len)
+        except RuntimeError as exc:
+            if "Detected recompile" not in str(exc):
+                raise
+        self.compile_fallbacks += 1
+        return self._decode_eager(last_tokens, positions, kv_len)
+
+    def compile_decode(self, kv_len: int) -> None:
+        """Compile the decode step for `kv_len` with torch.compile (inductor, static shapes, one graph)
+        by running it on dummy data (it overwrites slot contents: warmup only), then check with a
+        second step that the compiled code is reused without recompiling. Raises on any failure and
+        leaves the bucket eager. Inductor's own CUDA graphs stay off (default mode): on CUDA the
+        compiled step is what `capture_decode_graph` records, so compile before capturing.
+
+        The inputs are ordinary tensors, like the engine's (and the CUDA graphs' static inputs):
+        Dynamo guards on tensor kind, and inference tensors would compile a specialization that
+        serving never uses (measured: every bucket compiled twice).
+        """
+        if self._compiled_decode is None:
+            # Every bucket is a specialization of the same code object; keep them all.
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, 4 * len(self.kv_buckets) + 8)
+            self._compiled_decode = torch.compile(self._decode_compilable, dynamic=False, fullgraph=True)
+        with torch.inference_mode(False):
+            tokens = torch.ones(self.slots, dtype=torch.long, device=self.device)
+            positions = torch.full((self.slots,), kv_len - 1, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            self._compiled_decode(tokens, positions, kv_len)
+            with torch.compiler.set_stance("fail_on_recompile"):
+                self._compiled_decode(tokens, positions, kv_len)
+        self.compiled_buckets.add(kv_len)
+
+    def _decode_compilable(
+        self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int
+    ) -> torch.Tensor:
+        return self._decode_eager(last_tokens, positions, kv_len, opaque_kv_write=True)
+
     @torch.inference_mode()
     def capture_decode_graph(self, kv_len: int) -> None:
         """Record the decode step for `kv_len` as a CUDA graph (all buckets share one memory pool)."""
@@ -139,25 +217,30 @@ class ModelRunner:
             raise RuntimeError("CUDA graphs need a CUDA device")
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
-            self._graph_tokens = torch.zeros(self.slots, dtype=torch.long, device=self.device)
-            self._graph_positions = torch.zeros(self.slots, dtype=torch.long, device=self.device)
+            with torch.inference_mode(False):  # ordinary tensors, as compile_decode compiled for
+                self._graph_tokens = torch.zeros(self.slots, dtype=torch.long, device=self.device)
+                self._graph_positions = torch.zeros(self.slots, dtype=torch.long, device=self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
+        step = self._decode_step(kv_len)
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._decode_eager(self._graph_tokens, self._graph_positions, kv_len)
+                step(self._graph_tokens, self._graph_positions, kv_len)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            self._graph_logits[kv_len] = self._decode_eager(self._graph_tokens, self._graph_positions, kv_len)
+            self._graph_logits[kv_len] = step(self._graph_tokens, self._graph_positions, kv_len)
         self._graphs[kv_len] = graph
 
-    def _decode_eager(self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    def _decode_eager(
+        self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int, opaque_kv_write: bool = False
+    ) -> torch.Tensor:
         ids = last_tokens.view(-1, 1)
         pos = positions.view(-1, 1)
         visible = torch.arange(kv_len, device=self.device).unsqueeze(0) <= pos
         mask = visible[:, None, None, :]
-        hidden = self._layers(ids, pos, self._decode_attention(pos.view(-1), kv_len, mask))
+        attend = self._decode_attention(pos.view(-1), kv_len, mask, opaque_kv_write)
+        hidden = self._layers(ids, pos, attend)
         return self._logits(hidden[:, -1])
 
     def warm_shape(self, kind: str, bucket: int) -> None:
@@ -202,10 +285,13 @@ class ModelRunner:
         groups = self.num_heads // self.kv_heads
         return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
 
-    def _decode_attention(self, positions: torch.Tensor, kv_len: int, mask: torch.Tensor):
+    def _decode_attention(self, positions: torch.Tensor, kv_len: int, mask: torch.Tensor, opaque_write: bool):
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.cache[layer, 0, self.slot_index, :, positions] = k[:, :, 0]
-            self.cache[layer, 1, self.slot_index, :, positions] = v[:, :, 0]
+            if opaque_write:  # compiled path (see write_decode_kv); eager skips the op's dispatch cost
+                write_decode_kv(self.cache, layer, self.slot_index, positions, k[:, :, 0], v[:, :, 0])
+            else:
+                self.cache[layer, 0, self.slot_index, :, positions] = k[:, :, 0]
+                self.cache[layer, 1, self.slot_index, :, positions] = v[:, :, 0]
             keys = self.cache[layer, 0, :, :, :kv_len]
             values = self.cache[layer, 1, :, :, :kv_len]
             return F.scaled_dot_product_attention(

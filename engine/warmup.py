@@ -1,6 +1,8 @@
 """Warmup stage run in `initialize()` before the model reports READY.
 
-It runs every kernel shape live traffic can reach: one prefill per prompt bucket and one decode
+With `compile` on, a first stage compiles the decode step per KV bucket with torch.compile, its
+artifacts kept between restarts (engine/compile_cache.py). It then runs every kernel shape live
+traffic can reach: one prefill per prompt bucket and one decode
 step per KV-length bucket (decode always covers every slot, so batch size adds no shape), the
 sampling path, and finally whole requests through the engine's own admission, streaming and
 finishing code (with metrics detached, so warmup never shows up as traffic). Each stage is
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from engine.compile_cache import CompileCache, compile_decode_buckets
 from engine.engine import Engine
 from engine.observer import EngineObserver, EngineStats
 from engine.requests import EngineRequest
@@ -61,6 +64,7 @@ class WarmupReport:
     prefill_loaded: int = 0
     prefill_deferred: int = 0
     failures: list[dict] = field(default_factory=list)
+    compile: dict = field(default_factory=dict)  # engine.compile_cache.compile_decode_buckets; {} when off
     total_seconds: float = 0.0
 
     def to_json(self) -> str:
@@ -140,10 +144,15 @@ def run_warmup(
     histogram: Mapping[int, int] | None = None,
     hot_prefixes: list[tuple[list[int], str]] | None = None,
     prefill_budget_s: float = 0.3,
+    compile_cache: CompileCache | None = None,
 ) -> WarmupReport:
     """Warm every shape within `budget_s` (0: no budget); what does not fit is left in
     `engine.deferred_shapes` for the engine to warm in the background while idle. A failing step
-    is recorded in the report and never fails the load (the shape is then warmed lazily)."""
+    is recorded in the report and never fails the load (the shape is then warmed lazily).
+
+    With `compile_cache`, the stage "compile" comes first (the decode warm-up and CUDA-graph capture
+    then run the compiled step) and spends the same budget; a bucket it does not reach stays eager
+    (it is never compiled later: a compile takes seconds and would stall live traffic)."""
     runner = engine.runner
     report = WarmupReport(enabled=enabled, device=str(runner.device))
     if not enabled:
@@ -154,6 +163,18 @@ def run_warmup(
     spent = {"prefill": 0.0, "decode": 0.0}
     device_spent: dict[str, float | None] = {"prefill": None, "decode": None}
     counts = {"prefill": 0, "decode": 0}
+    if compile_cache is not None:
+
+        def compile_work() -> int:
+            order = shape_order(tuple(runner.kv_buckets), histogram)
+            report.compile = compile_decode_buckets(runner, compile_cache, order, deadline, report.failures)
+            return len(report.compile["compiled_buckets"])
+
+        try:
+            seconds, device_seconds, items = clock.measure(compile_work)
+            report.stages.append(StageTiming("compile", seconds, items, device_seconds))
+        except Exception as exc:  # the runner keeps serving eager
+            report.failures.append({"stage": "compile", "error": f"{type(exc).__name__}: {exc}"})
     for bucket in shape_order(engine.prompt_buckets, histogram):
         for kind in ("prefill", "decode"):
             if time.perf_counter() >= deadline:
@@ -210,5 +231,7 @@ def run_warmup(
     report.kv_buckets = list(runner.kv_buckets)
     report.deferred = [f"{kind}:{bucket}" for kind, bucket in engine.deferred_shapes]
     report.cuda_graph_buckets = list(runner.graph_buckets)
+    if report.compile:  # steps of compiled buckets that ran eagerly during warmup (a guard failed): 0
+        report.compile["fallback_steps"] = runner.compile_fallbacks
     report.total_seconds = (time.perf_counter_ns() - started) / 1e9
     return report

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a Debian/Ubuntu x86_64 machine, from scratch or incrementally:
-#   - apt: redis-server, libb64-0d (perf_analyzer needs libb64)
+#   - apt: redis-server, libb64-0d (perf_analyzer needs libb64), g++ (torch.compile's inductor builds
+#     its CPU kernels with it: `compile` / LLM_COMPILE=true)
 #   - .venv: Python 3.11 virtualenv with requirements.txt (torch CPU build, numpy<2)
 #   - .tools/triton: tritonserver 2.51 + Python backend, unpacked from the nvidia-pytriton 0.7.0 wheel
 #   - .tools/perf_analyzer: perf_analyzer from the tritonclient 2.50.0 wheel (extracted, not pip-installed)
@@ -36,6 +37,7 @@ stamp_set() { echo "$2" > "$STAMPS/$1"; }
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 dpkg -s libb64-0d >/dev/null 2>&1 || need_apt+=(libb64-0d)
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 if ((${#need_apt[@]})); then
   SUDO=""
   [[ $(id -u) -ne 0 ]] && SUDO=sudo
@@ -43,7 +45,7 @@ if ((${#need_apt[@]})); then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 else
-  log "apt: redis-server and libb64-0d present"
+  log "apt: redis-server, libb64-0d and g++ present"
 fi
 
 # ---------------------------------------------------------------- virtualenv

@@ -83,6 +83,7 @@ class TritonPythonModel:
             log=pb_utils.Logger.log_info,
             cancelled_elsewhere=lambda: mailbox.collect(self.namespace),
             model_name=args["model_name"],
+            model_version=str(args.get("model_version", "")),
         )
         self.engine = loaded.engine
         runner = self.engine.runner
