@@ -217,10 +217,13 @@ def analyse(
 
 
 def goodput(points: list[tuple[float, float]]) -> float:
-    """Highest rate whose attainment (and every lower rate's) is >= 95%; 0 when the lowest misses."""
+    """Highest rate whose attainment (and every lower rate's) is >= 95%; 0 when the lowest misses.
+    Rates without a critical request (NaN) are skipped."""
     best = 0.0
     for rate, attainment in sorted(points):
-        if not attainment >= GOODPUT_ATTAINMENT:
+        if math.isnan(attainment):
+            continue  # no critical request measured at this rate (and seed): no evidence either way
+        if attainment < GOODPUT_ATTAINMENT:
             break
         best = rate
     return best
@@ -549,8 +552,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tenants", type=int, default=4)
     p.add_argument("--prompt-median", type=float, default=32.0)
     p.add_argument("--prompt-max", type=int, default=384)
-    p.add_argument("--output-median", type=float, default=8.0)
-    p.add_argument("--output-max", type=int, default=64)
+    p.add_argument("--output-median", type=float, default=24.0)
+    p.add_argument("--output-max", type=int, default=192)
     p.add_argument("--probe-count", type=int, default=40)
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request (a miss)")
     p.add_argument("--seeds", default="1,2", help="comma-separated arrival seeds (default: %(default)s)")
