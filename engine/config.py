@@ -64,6 +64,7 @@ class EngineConfig:
     l2_cache_blocks: int = 1024
     l3_kv_cache: bool = True
     l3_ttl_s: float = 86400.0
+    l3_prefetch: bool = True  # fetch the hot prefixes' L3 blocks on a thread during kernel warmup
     response_cache: bool = True
     semantic_cache: bool = False
     semantic_threshold: float = 0.82

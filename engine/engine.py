@@ -19,6 +19,7 @@ import torch
 from engine.model_runner import ModelRunner
 from engine.cache_stats import cache_counters
 from engine.observer import EngineObserver, EngineStats
+from engine.l3_prefetch import L3Prefetcher
 from engine.prefix_cache import PrefixCache
 from engine.queueing import Ewma, PolicyQueue
 from engine.requests import EngineRequest
@@ -99,6 +100,7 @@ class Engine:
         self._positions = torch.zeros(runner.slots, dtype=torch.long, device=runner.device)
         self.deferred_shapes: list[tuple[str, int]] = []
         self.deferred_templates: list[tuple[list[int], str]] = []
+        self.template_prefetch: L3Prefetcher | None = None  # hot prefixes' L3 blocks fetched by warmup
         self.prefix_cache: PrefixCache | None = None
         self.preemption = preemption
         self._suspended: dict[str, _Active] = {}
@@ -212,6 +214,8 @@ class Engine:
             self.recorder.stop()
         if self.feedback is not None:
             self.feedback.stop()
+        if self.template_prefetch is not None:
+            self.template_prefetch.close()
         if self.prefix_cache is not None and self.prefix_cache.l3 is not None:
             self.prefix_cache.l3.close()
         if self.responses is not None:
@@ -268,7 +272,19 @@ class Engine:
 
     @property
     def has_background_work(self) -> bool:
-        return bool(self.deferred_shapes or self.deferred_templates)
+        return bool(self.deferred_shapes) or self._next_template() is not None
+
+    def _next_template(self) -> int | None:
+        """The first deferred template whose L3 prefetch is not still in flight (its wake-up comes later)."""
+        for index, (prompt, tenant) in enumerate(self.deferred_templates):
+            if self.template_prefetch is None or not self.template_prefetch.pending(prompt, tenant):
+                return index
+        return None
+
+    def wake(self) -> None:
+        """Make the idle loop re-check for background work (a deferred template's prefetch completed)."""
+        with self._lock:
+            self._lock.notify_all()
 
     def _background_step(self) -> None:
         """Warmup left over after READY: one shape or one template at a time, only while idle."""
@@ -276,13 +292,18 @@ class Engine:
             kind, bucket = self.deferred_shapes.pop(0)
             self.runner.warm_shape(kind, bucket)
             self.stats.shapes_seen.add((kind, bucket))
-        elif self.deferred_templates:
-            self.prefill_template(*self.deferred_templates.pop(0))
+        elif (index := self._next_template()) is not None:
+            self.prefill_template(*self.deferred_templates.pop(index))
 
     def prefill_template(self, prompt: list[int], tenant: str) -> int:
-        """Load a hot prefix into the prefix cache (pinned) through slot 0; returns blocks stored."""
+        """Load a hot prefix into the prefix cache (pinned) through slot 0; returns blocks stored.
+
+        Blocks the warmup's L3 prefetch fetched for it are adopted first (L3 is not asked again)."""
         if self.prefix_cache is None or len(prompt) < 2:
             return 0
+        fetched = None if self.template_prefetch is None else self.template_prefetch.take(prompt, tenant)
+        if fetched is not None:
+            self.prefix_cache.adopt(fetched.keys, fetched.blocks, fetched.waited_s)
         self.prefill(0, prompt, tenant)
         return self.prefix_cache.store(0, prompt, tenant, pin=True)
 

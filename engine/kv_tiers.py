@@ -4,10 +4,15 @@ On an L1 miss the chain continues in Redis; the cost model loads it only when mo
 predicted to beat recomputing the tokens (a slow Redis is often slower than prefill). New blocks
 are copied to the host on the engine thread and written by a background thread, so Redis never
 sits on a request's path. Redis trouble is absorbed by the store's circuit breaker.
+
+`fetch` may run on two threads at once (the engine thread's lookups and the warmup's L3 prefetch,
+engine/l3_prefetch.py): the store (redis-py's pooled client, locked stats), the circuit breaker and
+the cost model are thread-safe, and this tier's own bookkeeping is under `_lock`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -53,25 +58,33 @@ class L3Tier:
             backlog,
         )
         self.loaded_blocks = 0
+        self._lock = threading.Lock()  # _known and loaded_blocks: fetch may run on two threads
 
     def fetch(self, keys: list[bytes]) -> list[torch.Tensor]:
         """The leading blocks of `keys` found in Redis (on the host), or [] when recomputing is cheaper."""
+        return self.fetch_with_outcome(keys)[0]
+
+    def fetch_with_outcome(self, keys: list[bytes]) -> tuple[list[torch.Tensor], str]:
+        """`fetch`, and why it returned what it did: "missing" (Redis holds no leading block, or could
+        not be asked), "recompute" (the cost model chose to recompute), "loaded" (every block Redis
+        held), "partial" (some of them were corrupt, incompatible or gone by the GET)."""
         if not keys:
-            return []
+            return [], "missing"
         available = self.store.exists_chain(keys)
         self._remember(keys[:available])
-        if available == 0 or not self.cost.should_load(
-            available * self.meta.token_count, available * self.block_bytes
-        ):
-            return []
+        if available == 0:
+            return [], "missing"
+        if not self.cost.should_load(available * self.meta.token_count, available * self.block_bytes):
+            return [], "recompute"
         started = time.perf_counter()
         blocks = self.store.get_chain(keys[:available], self.meta)
-        for key in keys[len(blocks) : available]:  # rejected (corrupt, incompatible) and deleted
-            self._known.pop(key, None)
+        with self._lock:
+            for key in keys[len(blocks) : available]:  # rejected (corrupt, incompatible) and deleted
+                self._known.pop(key, None)
+            self.loaded_blocks += len(blocks)
         if blocks:
             self.cost.observe_load(len(blocks) * self.block_bytes, time.perf_counter() - started)
-            self.loaded_blocks += len(blocks)
-        return blocks
+        return blocks, "loaded" if len(blocks) == available else "partial"
 
     def publish(self, keys: list[bytes], blocks: torch.Tensor) -> None:
         """Queue blocks [n, ...] for Redis; when the writer falls behind, drop rather than wait.
@@ -91,15 +104,17 @@ class L3Tier:
 
     def _remember(self, keys: list[bytes]) -> None:
         now = self.clock()
-        for key in keys:
-            self._known[key] = now
-            self._known.move_to_end(key)
-        while len(self._known) > self.known_limit:
-            self._known.popitem(last=False)
+        with self._lock:
+            for key in keys:
+                self._known[key] = now
+                self._known.move_to_end(key)
+            while len(self._known) > self.known_limit:
+                self._known.popitem(last=False)
 
     def _is_known(self, key: bytes) -> bool:
         """Seen in Redis within half the TTL, so it is still there unless Redis evicted it."""
-        seen = self._known.get(key)
+        with self._lock:
+            seen = self._known.get(key)
         return seen is not None and self.clock() - seen < self.ttl_s / 2
 
     def close(self) -> None:

@@ -263,6 +263,7 @@ def load_engine(
         hot_prefixes=hot_prefixes,
         prefill_budget_s=config.prefill_budget_s,
         compile_cache=compile_cache,
+        l3_prefetch=config.l3_prefetch,
     )
     report.stages.insert(0, StageTiming("plan", plan_seconds, len(plan.histogram)))
     report.failures[:0] = plan.failures + template_failures + compile_failures

@@ -12,6 +12,10 @@ Every reuse is timed per tier that served it (L1: the copy into the slot; L2 and
 promoting the blocks plus their share of that copy) and compared with the predicted recompute time
 of its tokens (`ReuseLedger`): the time saved, and for loads slower than recomputing, the time lost.
 The copy is timed on the host clock without a device sync, so on a GPU it is the launch, not the DMA.
+
+Blocks fetched from L3 on another thread (the warmup's prefetch of hot prefixes, engine/l3_prefetch.py)
+enter through `adopt` on the engine thread: the only thread that touches the pool. `chain_keys` is
+pure and may be called from any thread.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ class PrefixCache:
         self.savings = ReuseLedger()
         self._own_cost = cost or LoadCostModel()
         self._pending: list[tuple[str, int, float]] = []  # (tier, blocks, fetch seconds) of the last lookup
+        # Set by `adopt`, consumed by the next lookup: the adopted keys (booked as L3 reuse, with the
+        # engine thread's wait + promote seconds) and every key L3 was already asked about.
+        self._adopted: tuple[set[bytes], float, set[bytes]] = (set(), 0.0, set())
 
     @property
     def capacity(self) -> int:
@@ -91,17 +98,26 @@ class PrefixCache:
     def salt(self, tenant: str) -> bytes:
         return self.fingerprint + b"|tenant=" + tenant.encode()
 
+    def chain_keys(self, tokens: Sequence[int], tenant: str) -> list[bytes]:
+        """Keys of the blocks `lookup` may reuse: the full blocks of `tokens`, >= 1 token left to compute."""
+        usable = (len(tokens) - 1) // self.block_size
+        return block_keys(tokens[: usable * self.block_size], self.block_size, self.salt(tenant))
+
     def lookup(self, tokens: Sequence[int], tenant: str) -> list[int]:
         """Pool indices of the longest cached prefix; at least one prompt token is left to compute."""
-        usable = (len(tokens) - 1) // self.block_size
-        keys = block_keys(tokens[: usable * self.block_size], self.block_size, self.salt(tenant))
+        keys = self.chain_keys(tokens, tenant)
+        adopted, adopted_s, asked = self._adopted
+        self._adopted = (set(), 0.0, set())
         found: list[bytes] = []
         for key in keys:
             if key not in self.index:
                 break
             found.append(key)
-        self.hit_blocks += len(found)
-        self._pending = [("l1", len(found), 0.0)]
+        from_l3 = sum(1 for key in found if key in adopted)  # fetched by the prefetch, adopted just now
+        self.hit_blocks += len(found) - from_l3
+        self._pending = [("l1", len(found) - from_l3, 0.0)]
+        if from_l3:
+            self._pending.append(("l3", from_l3, adopted_s))
         self._protected = set(found)  # promoting the rest of the chain must not evict its head
         try:
             if self.l2 is not None:
@@ -109,7 +125,7 @@ class PrefixCache:
                 promoted = self._promote(keys[len(found) :], self._l2_run(keys[len(found) :]))
                 self._pending.append(("l2", len(promoted), self.clock() - started))
                 found += promoted
-            if self.l3 is not None and len(found) < len(keys):
+            if self.l3 is not None and len(found) < len(keys) and keys[len(found)] not in asked:
                 started = self.clock()
                 promoted = self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :]))
                 self._pending.append(("l3", len(promoted), self.clock() - started))
@@ -161,6 +177,28 @@ class PrefixCache:
         if self.l3 is not None and stored:
             self.l3.publish([keys[i] for i in stored], blocks[stored])
         return len(stored)
+
+    def adopt(self, keys: list[bytes], blocks: list[torch.Tensor], waited_s: float = 0.0) -> int:
+        """Bring host blocks fetched from L3 on another thread into L1, pinned as templates are.
+
+        `keys` are all the keys L3 was asked about (`chain_keys` of one prompt), `blocks` the leading
+        run it returned. The next `lookup` finds them in L1, books them as L3 reuse (`waited_s`, the
+        engine thread's wait for the fetch, plus the promote time) and does not ask L3 again about
+        `keys`. Returns the number of blocks added (keys already cached keep their blocks)."""
+        started = self.clock()
+        todo = [(key, block) for key, block in zip(keys, blocks) if key not in self.index]
+        self._protected = {key for key in keys if key in self.index}
+        try:
+            promoted = self._promote([key for key, _ in todo], [block for _, block in todo])
+        finally:
+            self._protected = set()
+        room = self.capacity // 2 - len(self.pinned)
+        self.pinned.update(promoted[: max(0, room)])
+        for key in reversed(keys):  # as in lookup: the head ends most recent
+            if key in self.index:
+                self.index.move_to_end(key)
+        self._adopted = (set(promoted), waited_s + self.clock() - started, set(keys))
+        return len(promoted)
 
     def _l2_run(self, keys: list[bytes]) -> list[torch.Tensor]:
         """The leading blocks of `keys` held in host memory (L2)."""

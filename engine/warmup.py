@@ -7,6 +7,13 @@ step per KV-length bucket (decode always covers every slot, so batch size adds n
 sampling path, and finally whole requests through the engine's own admission, streaming and
 finishing code (with metrics detached, so warmup never shows up as traffic). Each stage is
 timed; the report is logged as JSON.
+
+With an L3 tier and hot prefixes (and `l3_prefetch`, the default), the prefixes' blocks are fetched
+from Redis on another thread from the very start (engine/l3_prefetch.py), overlapping the kernel
+stages; the prefix_templates stage then adopts them instead of asking Redis, waiting for a fetch
+still in flight at most until its budget ends. The report's stage "l3_prefetch" is that thread's
+wall time, concurrent with the others (`start_s`/`end_s` of every stage place it), and the
+`l3_prefetch` section has its counts and how long prefix_templates waited on it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import torch
 
 from engine.compile_cache import CompileCache, compile_decode_buckets
 from engine.engine import Engine
+from engine.l3_prefetch import L3Prefetcher
 from engine.observer import EngineObserver, EngineStats
 from engine.requests import EngineRequest
 from engine.sampling import Sampler
@@ -49,6 +57,8 @@ class StageTiming:
     seconds: float
     items: int
     device_seconds: float | None = None  # CUDA-event time of the same span (GPU only)
+    start_s: float | None = None  # host-clock span, seconds since the warmup started (a stage of
+    end_s: float | None = None  # several measurements: first start to last end); None for "plan"
 
 
 @dataclass
@@ -65,6 +75,7 @@ class WarmupReport:
     prefill_deferred: int = 0
     failures: list[dict] = field(default_factory=list)
     compile: dict = field(default_factory=dict)  # engine.compile_cache.compile_decode_buckets; {} when off
+    l3_prefetch: dict = field(default_factory=dict)  # L3Prefetcher.summary + the stage's waits; {} when off
     total_seconds: float = 0.0
 
     def to_json(self) -> str:
@@ -77,8 +88,10 @@ class _StageClock:
     each other (device time close to host time means the stage was GPU-bound, far below it means
     Python and launch overhead)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, origin_ns: int = 0):
         self.device = device
+        self.origin_ns = origin_ns
+        self.last_span: tuple[float, float] = (0.0, 0.0)  # of the last measure, seconds since origin_ns
 
     def measure(self, work: Callable[[], int]) -> tuple[float, float | None, int]:
         """(host seconds, device seconds or None off CUDA, items)."""
@@ -92,7 +105,9 @@ class _StageClock:
         if events is not None:
             events[1].record()
         self._sync()
-        host_s = (time.perf_counter_ns() - started) / 1e9
+        ended = time.perf_counter_ns()
+        host_s = (ended - started) / 1e9
+        self.last_span = ((started - self.origin_ns) / 1e9, (ended - self.origin_ns) / 1e9)
         device_s = None if events is None else events[0].elapsed_time(events[1]) / 1000.0
         return host_s, device_s, items
 
@@ -118,11 +133,23 @@ def prefill_templates(
     engine: Engine, hot_prefixes: list[tuple[list[int], str]], budget_s: float, report: WarmupReport
 ) -> int:
     """Load hot prefixes (token ids, tenant) in priority order into the prefix cache within
-    `budget_s` once the kernels are warm; the rest is left to the idle engine after READY."""
+    `budget_s` once the kernels are warm; the rest is left to the idle engine after READY.
+
+    With an L3 prefetch running (`engine.template_prefetch`), a prefix whose fetch is still in flight
+    is waited for up to the end of the budget; if it is still not there, it and the rest are deferred
+    (the background step takes each once its fetch completes)."""
     deadline = time.perf_counter() + budget_s
     loaded = 0
+    prefetch = engine.template_prefetch
+    waits, waited_s = 0, 0.0
     for index, (prompt, tenant) in enumerate(hot_prefixes):
-        if time.perf_counter() >= deadline:
+        now = time.perf_counter()
+        ready = now < deadline
+        if ready and prefetch is not None and prefetch.pending(prompt, tenant):
+            waits += 1
+            ready = prefetch.wait(prompt, tenant, deadline - now)
+            waited_s += time.perf_counter() - now
+        if not ready:
             engine.deferred_templates.extend(hot_prefixes[index:])
             break
         try:
@@ -134,6 +161,8 @@ def prefill_templates(
             )
     report.prefill_loaded = loaded
     report.prefill_deferred = len(engine.deferred_templates)
+    if prefetch is not None:
+        report.l3_prefetch.update(templates_waits=waits, templates_waited_s=waited_s)
     return loaded
 
 
@@ -145,6 +174,7 @@ def run_warmup(
     hot_prefixes: list[tuple[list[int], str]] | None = None,
     prefill_budget_s: float = 0.3,
     compile_cache: CompileCache | None = None,
+    l3_prefetch: bool = True,
 ) -> WarmupReport:
     """Warm every shape within `budget_s` (0: no budget); what does not fit is left in
     `engine.deferred_shapes` for the engine to warm in the background while idle. A failing step
@@ -152,17 +182,29 @@ def run_warmup(
 
     With `compile_cache`, the stage "compile" comes first (the decode warm-up and CUDA-graph capture
     then run the compiled step) and spends the same budget; a bucket it does not reach stays eager
-    (it is never compiled later: a compile takes seconds and would stall live traffic)."""
+    (it is never compiled later: a compile takes seconds and would stall live traffic).
+
+    With `l3_prefetch`, an L3 tier and hot prefixes, the prefixes' L3 fetch starts first, on its own
+    thread, and runs alongside the kernel stages (see the module docstring)."""
     runner = engine.runner
     report = WarmupReport(enabled=enabled, device=str(runner.device))
     if not enabled:
         return report
-    clock = _StageClock(runner.device)
     started = time.perf_counter_ns()
+    clock = _StageClock(runner.device, started)
+    cache = engine.prefix_cache
+    prefetcher = None
+    if l3_prefetch and hot_prefixes and cache is not None and cache.l3 is not None:
+        if engine.template_prefetch is not None:  # a second warmup of the same engine
+            engine.template_prefetch.close()
+        prefetcher = L3Prefetcher(cache.l3, cache.chain_keys, hot_prefixes, on_ready=engine.wake)
+        engine.template_prefetch = prefetcher
+        prefetcher.start()
     deadline = time.perf_counter() + budget_s if budget_s > 0 else float("inf")
     spent = {"prefill": 0.0, "decode": 0.0}
     device_spent: dict[str, float | None] = {"prefill": None, "decode": None}
     counts = {"prefill": 0, "decode": 0}
+    spans: dict[str, tuple[float, float] | None] = {"prefill": None, "decode": None}
     if compile_cache is not None:
 
         def compile_work() -> int:
@@ -172,7 +214,7 @@ def run_warmup(
 
         try:
             seconds, device_seconds, items = clock.measure(compile_work)
-            report.stages.append(StageTiming("compile", seconds, items, device_seconds))
+            report.stages.append(StageTiming("compile", seconds, items, device_seconds, *clock.last_span))
         except Exception as exc:  # the runner keeps serving eager
             report.failures.append({"stage": "compile", "error": f"{type(exc).__name__}: {exc}"})
     for bucket in shape_order(engine.prompt_buckets, histogram):
@@ -187,15 +229,14 @@ def run_warmup(
                 continue
             engine.note_shape(kind, bucket)
             spent[kind] += seconds
+            first = spans[kind] or clock.last_span
+            spans[kind] = (first[0], clock.last_span[1])
             counts[kind] += 1
             if device_seconds is not None:
                 device_spent[kind] = (device_spent[kind] or 0.0) + device_seconds
-    report.stages.append(
-        StageTiming("prefill_buckets", spent["prefill"], counts["prefill"], device_spent["prefill"])
-    )
-    report.stages.append(
-        StageTiming("decode_kv_buckets", spent["decode"], counts["decode"], device_spent["decode"])
-    )
+    for kind, name in (("prefill", "prefill_buckets"), ("decode", "decode_kv_buckets")):
+        span = spans[kind] or (None, None)
+        report.stages.append(StageTiming(name, spent[kind], counts[kind], device_spent[kind], *span))
 
     def sampling() -> int:
         logits = torch.randn(runner.slots, runner.model.config.vocab_size, device=runner.device)
@@ -225,7 +266,22 @@ def run_warmup(
         except Exception as exc:
             report.failures.append({"stage": name, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        report.stages.append(StageTiming(name, seconds, items, device_seconds))
+        report.stages.append(StageTiming(name, seconds, items, device_seconds, *clock.last_span))
+    if prefetcher is not None:  # still running when templates were deferred: READY does not wait
+        summary = prefetcher.summary(started)
+        report.l3_prefetch = {**summary, **report.l3_prefetch}
+        if summary["error"]:  # an unexpected exception (Redis errors are the store's counters, as without it)
+            report.failures.append({"stage": "l3_prefetch", "error": summary["error"]})
+        report.stages.append(
+            StageTiming(
+                "l3_prefetch",
+                summary["seconds"],
+                summary["blocks"],
+                None,
+                summary["start_s"],
+                summary["end_s"],
+            )
+        )
     runner.cache.zero_()
     report.prompt_buckets = list(engine.prompt_buckets)
     report.kv_buckets = list(runner.kv_buckets)
