@@ -548,7 +548,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=12.0, help="seconds of arrivals per rate and seed")
     p.add_argument("--warmup-s", type=float, default=2.0, help="arrivals before this are not counted")
     p.add_argument("--cv", type=float, default=3.0, help="gamma gap coefficient of variation")
-    p.add_argument("--slots", type=int, default=2, help="engine max_batch_size (KV slots)")
+    p.add_argument("--slots", type=int, default=4, help="engine max_batch_size (KV slots)")
     p.add_argument("--tenants", type=int, default=4)
     p.add_argument("--prompt-median", type=float, default=32.0)
     p.add_argument("--prompt-max", type=int, default=384)

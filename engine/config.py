@@ -67,7 +67,7 @@ class EngineConfig:
     l3_prefetch: bool = True  # fetch the hot prefixes' L3 blocks on a thread during kernel warmup
     response_cache: bool = True
     semantic_cache: bool = False
-    semantic_threshold: float = 0.82
+    semantic_threshold: float = 0.80
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""
