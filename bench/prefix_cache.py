@@ -1,7 +1,14 @@
-"""Prefix-cache benchmark (L1, the engine's device pool), in one run:
+"""Prefix-cache benchmark, in one run:
 
 (a) TTFT for prompts that share 90% of a long prefix: a hit (same tenant, prefix cached) vs a
-    miss (a fresh tenant each time: the tenant salt guarantees a miss, same shapes otherwise);
+    miss (a fresh tenant each time: the tenant salt guarantees a miss, same shapes otherwise),
+    per tier that serves the hit, each on its own server:
+      l1  the device pool holds the prefix;
+      l2  a device pool just big enough for one long prompt, so an "evictor" prompt (another tenant)
+          sent before every hit demotes the prefix to the host pool, whence the hit promotes it;
+      l3  the same small device pool and no host pool: the evicted prefix is found in Redis (the
+          cost model decides whether loading beats recomputing; the decisions are reported).
+    Which tier served is read from the engine's cache counters (blocks per tier), not assumed;
 (b) throughput at 0% hit rate with the prefix cache on vs off (a second server with
     prefix_cache_blocks=0), to show what maintaining the cache costs.
 Writes bench/results/prefix-cache-<tag>.{json,md,png}.
@@ -31,6 +38,7 @@ from bench.common import (
     progress,
     write_results,
 )
+from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, start_stack
 
 
@@ -40,7 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--lengths", default="512,1800", help="prompt lengths (tokens), 90%% shared prefix")
     parser.add_argument("--repeats", type=int, default=8)
-    parser.add_argument("--throughput-requests", type=int, default=40)
+    parser.add_argument("--throughput-requests", type=int, default=10, help="requests per turn")
+    parser.add_argument("--throughput-rounds", type=int, default=40)
     add_engine_args(parser)
     return parser.parse_args(argv)
 
@@ -75,36 +84,116 @@ def hit_vs_miss(args, probe: TtftProbe, prompts: PromptFactory, lengths: list[in
     return rows
 
 
-def throughput(args, model_dir: Path, blocks: int, prompts_text: list[str]) -> float:
-    with start_stack(options(args, f"throughput-{blocks}", model_dir, blocks)) as stack:
-        probe = TtftProbe(stack.grpc_url)
+TIERS = ("l1", "l2", "l3")
+
+
+def tier_options(args, tier: str, model_dir: Path, small_l1: int) -> StackOptions:
+    """A server on which a repeated prefix is served from `tier`."""
+    opts = options(args, f"tier-{tier}", model_dir, 256 if tier == "l1" else small_l1)
+    if tier == "l3":
+        opts.overrides["llm_engine"]["l2_cache_blocks"] = "0"
+    return opts
+
+
+def served_blocks(metrics_url: str, probe: TtftProbe, prompts: PromptFactory) -> dict[str, float]:
+    """Blocks (L1/L2) and chains (L3 hits) served per tier so far. The engine publishes its cache
+    counters at most once a second from its serving thread, so wait past that and send one tiny request
+    (another tenant, a miss) to make it publish."""
+    time.sleep(1.1)
+    probe.ttft_ms(prompts.make(8), tenant="bench-flush")
+    m = scrape_metrics(metrics_url)
+    counters = {"l1": "hit_blocks", "l2": "hit_blocks", "l3": "hits", "l3_load": "decision_load",
+                "l3_recompute": "decision_recompute"}  # fmt: skip
+    return {
+        name: metric_total(m, "llm_engine_cache_total", tier=name.split("_")[0], counter=counter)
+        for name, counter in counters.items()
+    }
+
+
+def per_tier(args, model_dir: Path, prompts: PromptFactory, lengths: list[int]) -> list[list[object]]:
+    """Hit vs miss TTFT per serving tier; an evictor before every l2/l3 hit pushes the prefix out of L1."""
+    small_l1 = -(-max(lengths) // 16) + 1
+    rows = []
+    for tier in TIERS:
+        with start_stack(tier_options(args, tier, model_dir, small_l1)) as stack:
+            probe = TtftProbe(stack.grpc_url)
+            try:
+                for tokens in lengths:
+                    before = served_blocks(stack.metrics_url, probe, prompts)
+                    prefix = prompts.make(int(tokens * 0.9))
+                    tail = max(2, tokens - int(tokens * 0.9))
+                    probe.ttft_ms(prefix + prompts.make(tail), tenant="bench-hit")  # primes the tiers
+                    hits, misses = [], []
+                    for i in range(args.repeats):
+                        if tier != "l1":
+                            probe.ttft_ms(prompts.make(small_l1 * 16 + 8), tenant=f"bench-evict-{tokens}-{i}")
+                        hits.append(probe.ttft_ms(prefix + prompts.make(tail), tenant="bench-hit"))
+                        misses.append(
+                            probe.ttft_ms(prefix + prompts.make(tail), tenant=f"bench-miss-{tokens}-{i}")
+                        )
+                    after = served_blocks(stack.metrics_url, probe, prompts)
+                    served = {k: after[k] - before[k] for k in after}
+                    hit_ms, miss_ms = median(hits), median(misses)
+                    rows.append([
+                        tier, tokens, miss_ms, hit_ms, hit_ms / miss_ms,
+                        f"{served['l1']:g}/{served['l2']:g}/{served['l3']:g}",
+                        f"{served['l3_load']:g}/{served['l3_recompute']:g}",
+                    ])  # fmt: skip
+                    progress(
+                        f"{tier} {tokens} tokens: miss {miss_ms:.2f} ms, hit {hit_ms:.2f} ms, served {served}"
+                    )
+            finally:
+                probe.close()
+    return rows
+
+
+def requests_per_s(probe: TtftProbe, prompts_text: list[str]) -> float:
+    started = time.perf_counter()
+    for i, text in enumerate(prompts_text):
+        probe.ttft_ms(text, max_tokens=16, tenant=f"bench-t{i}-{started}")  # own tenant: 0% hits
+    return len(prompts_text) / (time.perf_counter() - started)
+
+
+def throughput(args, model_dir: Path, prompts_text: list[str]) -> list[tuple[float, float]]:
+    """(on, off) requests/s per round: two servers up at once, measured in short alternating turns
+    (`--throughput-requests` each, the order flipping every round) so that drift in the machine's load
+    hits both alike: single long runs on this VM's 2 shared cores varied by up to +-10%."""
+    with (
+        start_stack(options(args, "throughput-on", model_dir, 256)) as on_stack,
+        start_stack(options(args, "throughput-off", model_dir, 0)) as off_stack,
+    ):
+        on, off = TtftProbe(on_stack.grpc_url), TtftProbe(off_stack.grpc_url)
         try:
-            probe.ttft_ms(prompts_text[0], tenant="bench-warm")
-            started = time.perf_counter()
-            for i, text in enumerate(prompts_text):
-                probe.ttft_ms(
-                    text, max_tokens=16, tenant=f"bench-t{i}"
-                )  # every request its own tenant: 0% hits
-            return len(prompts_text) / (time.perf_counter() - started)
+            for probe in (on, off):
+                requests_per_s(probe, prompts_text[:4])  # fill the pools' first blocks, warm the path
+            rounds = []
+            for index in range(args.throughput_rounds):
+                first, second = (on, off) if index % 2 == 0 else (off, on)
+                a, b = requests_per_s(first, prompts_text), requests_per_s(second, prompts_text)
+                rounds.append((a, b) if first is on else (b, a))
+            progress(f"(b) {len(rounds)} rounds: on {median([r[0] for r in rounds]):.2f}/s, "
+                     f"off {median([r[1] for r in rounds]):.2f}/s (medians)")  # fmt: skip
+            return rounds
         finally:
-            probe.close()
+            on.close()
+            off.close()
 
 
-def plot(rows: list[list[object]], path: Path) -> None:
+def plot(tier_rows: list[list[object]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    labels = [str(r[0]) for r in rows]
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r[1] for r in rows], 0.4, label="miss")
-    ax.bar([x + 0.2 for x in xs], [r[2] for r in rows], 0.4, label="hit (90% prefix cached)")
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    labels = [f"{r[0]}\n{r[1]} tok" for r in tier_rows]
+    xs = range(len(tier_rows))
+    ax.bar([x - 0.2 for x in xs], [r[2] for r in tier_rows], 0.4, label="miss")
+    ax.bar([x + 0.2 for x in xs], [r[3] for r in tier_rows], 0.4, label="hit (90% prefix cached)")
     ax.set_xticks(list(xs), labels)
-    ax.set_xlabel("prompt length (tokens)")
+    ax.set_xlabel("tier that served the hit, prompt length")
     ax.set_ylabel("median TTFT (ms)")
-    ax.set_title("Prefix cache: TTFT hit vs miss")
+    ax.set_title("Prefix cache: TTFT hit vs miss per tier")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -124,20 +213,46 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             probe.close()
     table_a = print_table(["tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss"], rows)
+    progress("(a) per serving tier")
+    tier_rows = per_tier(args, model_dir, prompts, lengths)
+    table_tiers = print_table(
+        ["tier", "tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss", "blocks served L1/L2/L3",
+         "L3 load/recompute decisions"],
+        tier_rows,
+    )  # fmt: skip
     progress("(b) throughput at 0% hit rate, cache on vs off")
-    texts = [prompts.make(256) for _ in range(args.throughput_requests)]
-    on, off = throughput(args, model_dir, 256, texts), throughput(args, model_dir, 0, texts)
-    loss = 1 - on / off
-    table_b = print_table(["prefix cache", "requests/s"], [["on", on], ["off", off]])
-    print(f"throughput cost of the cache at 0% hits: {loss * 100:.2f}%")
+    texts = [prompts.make(256) for _ in range(args.throughput_requests)]  # new tenant per turn: 0% hits
+    rounds = throughput(args, model_dir, texts)
+    losses = sorted(1 - on / off for on, off in rounds)
+    loss = median(losses)
+    overall = 1 - sum(r[0] for r in rounds) / sum(r[1] for r in rounds)
+    table_b = print_table(
+        ["rounds", "cache on req/s (median)", "cache off req/s (median)", "cost: median of rounds",
+         "cost: P25-P75 of rounds", "cost: mean rates"],
+        [[len(rounds), median([r[0] for r in rounds]), median([r[1] for r in rounds]), f"{loss * 100:.2f}%",
+          f"{losses[len(losses) // 4] * 100:.1f}% to {losses[(3 * len(losses)) // 4] * 100:.1f}%",
+          f"{overall * 100:.2f}%"]],
+    )  # fmt: skip
+    print(f"throughput cost of the cache at 0% hits: median {loss * 100:.2f}% over {len(rounds)} rounds")
     tag = args.tag or args.device.split(":")[0]
     command = "python -m bench.prefix_cache " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
-    payload = {"hit_vs_miss": rows, "throughput": {"on": on, "off": off, "loss": loss}, "device": args.device}
-    text = f"(a)\n{table_a}\n\n(b)\n{table_b}\n\nthroughput cost at 0% hits: {loss * 100:.2f}%"
+    payload = {
+        "hit_vs_miss": rows, "per_tier": tier_rows, "throughput": {"rounds": rounds, "median_loss": loss},
+        "device": args.device,
+    }  # fmt: skip
+    text = (
+        f"(a) L1 (prefix kept in the device pool)\n{table_a}\n\n(a) per serving tier (medians of "
+        f"{args.repeats}; before every l2/l3 hit an evictor prompt of another tenant pushes the prefix out "
+        f"of a device pool sized for one long prompt; 'blocks served' are the engine's own counters over "
+        f"the row, evictors and misses included)\n{table_tiers}\n\n(b)\n{table_b}\n\n"
+        f"throughput cost at 0% hits (L1 store and L3 publish on every request vs no prefix cache): median "
+        f"{loss * 100:.2f}% over {len(rounds)} rounds of {args.throughput_requests} requests per server, "
+        "alternating"
+    )
     base = write_results("prefix-cache", tag, payload, text, command, args.out_dir)
-    plot(rows, base.with_suffix(".png"))
+    plot(tier_rows, base.with_suffix(".png"))
     progress(f"wrote {base}.json/.md/.png")
     return 0
 

@@ -64,6 +64,7 @@ class EngineConfig:
     l2_cache_blocks: int = 1024
     l3_kv_cache: bool = True
     l3_ttl_s: float = 86400.0
+    l3_publish_first_use: bool = False  # write every new block to Redis (default: on reuse, and warmup)
     l3_prefetch: bool = True  # fetch the hot prefixes' L3 blocks on a thread during kernel warmup
     response_cache: bool = True
     semantic_cache: bool = False

@@ -423,7 +423,7 @@ class Engine:
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
         self._accept_token(state, token)  # the first token leaves before any metrics round trip
         if self.prefix_cache is not None:  # the slot keeps the prompt's KV until this thread reuses it
-            self.prefix_cache.store(slot, request.prompt_ids, params.tenant)
+            self.prefix_cache.store(slot, request.prompt_ids, params.tenant, publish=params.tier == "warmup")
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
         self.observer.on_first_token(params.tier, ttft_s)
         self.observer.on_scheduling(params.tier, request.scheduling_ns / 1e9)

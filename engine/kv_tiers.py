@@ -93,7 +93,7 @@ class L3Tier:
         loading it) are not written again: the device-to-host copy and the rewrite would only compete
         with requests, typically right after start-up when a new replica warms its hot prefixes.
         """
-        fresh = [i for i, key in enumerate(keys) if not self._is_known(key)]
+        fresh = self.unknown(keys)
         self.republish_skipped += len(keys) - len(fresh)
         if not fresh:
             return
@@ -101,6 +101,10 @@ class L3Tier:
             keys, blocks = [keys[i] for i in fresh], blocks[fresh]
         self._writes.submit((keys, blocks.to("cpu", copy=True)))
         self._remember(keys)
+
+    def unknown(self, keys: list[bytes]) -> list[int]:
+        """Positions of the keys Redis is not known to hold (what `publish` would write)."""
+        return [i for i, key in enumerate(keys) if not self._is_known(key)]
 
     def _remember(self, keys: list[bytes]) -> None:
         now = self.clock()

@@ -227,6 +227,7 @@ def load_engine(
             runner, config.prefix_cache_blocks, config.prefix_block_size, fingerprint
         )
         engine.prefix_cache.l3 = build_l3(config, model_name, fingerprint, runner, log)
+        engine.prefix_cache.publish_on_first_use = config.l3_publish_first_use
         if config.l2_cache_blocks > 0:
             pool = engine.prefix_cache.pool
             engine.prefix_cache.l2 = HostBlockPool(

@@ -77,6 +77,9 @@ class PrefixCache:
         self.savings = ReuseLedger()
         self._own_cost = cost or LoadCostModel()
         self._pending: list[tuple[str, int, float]] = []  # (tier, blocks, fetch seconds) of the last lookup
+        self.publish_on_first_use = False  # L3 write policy: every new block, or (default) on reuse
+        self._seen: OrderedDict[bytes, None] = OrderedDict()  # blocks stored once, for "on reuse"
+        self._seen_limit = max(4096, 8 * capacity_blocks)
         # Set by `adopt`, consumed by the next lookup: the adopted keys (booked as L3 reuse, with the
         # engine thread's wait + promote seconds) and every key L3 was already asked about.
         self._adopted: tuple[set[bytes], float, set[bytes]] = (set(), 0.0, set())
@@ -134,6 +137,7 @@ class PrefixCache:
             self._protected = set()
         for key in reversed(found):  # the head ends most recent: tails are evicted first
             self.index.move_to_end(key)
+        self._publish_reused(found)
         return [self.index[key] for key in found]
 
     def load(self, slot: int, indices: list[int]) -> int:
@@ -153,8 +157,16 @@ class PrefixCache:
                 self.savings.record(tier, tokens, self.cost.predict_prefill_s(tokens), load_s)
         return len(indices) * self.block_size
 
-    def store(self, slot: int, tokens: Sequence[int], tenant: str, pin: bool = False) -> int:
-        """Keep the full blocks of `tokens` (already in `slot`) that are not cached yet; returns how many."""
+    def store(
+        self, slot: int, tokens: Sequence[int], tenant: str, pin: bool = False, publish: bool = False
+    ) -> int:
+        """Keep the full blocks of `tokens` (already in `slot`) that are not cached yet; returns how many.
+
+        New blocks go to L3 at once only when `publish` (warmup traffic), `pin` (hot templates) or
+        `publish_on_first_use`; otherwise a block is written when it is reused: hit in L1/L2 (see
+        `lookup`) or stored a second time after an eviction. One-off prompts, most of the traffic at a
+        low hit rate, then cost no host copy and no Redis write.
+        """
         keys = block_keys(tokens, self.block_size, self.salt(tenant))
         missing = [i for i, key in enumerate(keys) if key not in self.index]
         if not missing:
@@ -175,8 +187,27 @@ class PrefixCache:
             room = self.capacity // 2 - len(self.pinned)
             self.pinned.update([key for key in keys if key in self.index][: max(0, room)])
         if self.l3 is not None and stored:
-            self.l3.publish([keys[i] for i in stored], blocks[stored])
+            eager = publish or pin or self.publish_on_first_use
+            second = [i for i in stored if eager or self._sighted(keys[i])]  # computed again: reused
+            if second:
+                self.l3.publish([keys[i] for i in second], blocks[second])
         return len(stored)
+
+    def _sighted(self, key: bytes) -> bool:
+        """Whether this block was stored before (and evicted since); remembers it either way."""
+        seen = key in self._seen
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        while len(self._seen) > self._seen_limit:
+            self._seen.popitem(last=False)
+        return seen
+
+    def _publish_reused(self, keys: list[bytes]) -> None:
+        """Blocks reused here are worth sharing with other replicas: write those Redis lacks."""
+        fresh = self.l3.unknown(keys) if self.l3 is not None else []
+        if fresh:
+            indices = torch.tensor([self.index[keys[i]] for i in fresh], device=self.pool.device)
+            self.l3.publish([keys[i] for i in fresh], self.pool[indices])
 
     def adopt(self, keys: list[bytes], blocks: list[torch.Tensor], waited_s: float = 0.0) -> int:
         """Bring host blocks fetched from L3 on another thread into L1, pinned as templates are.

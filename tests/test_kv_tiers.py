@@ -16,12 +16,13 @@ from engine.model_runner import ModelRunner
 from engine.cache_stats import cache_counters
 from engine.prefix_cache import PrefixCache, block_keys
 from tests.test_engine_batching import BUCKETS, EOS, RecordingSink, model, request, run_until_idle  # noqa: F401
+from tests.test_engine_batching import request as request_of
 from tests.test_prefix_cache import FakeClock, TimedRunner
 
 PROMPT = [1] + list(range(60, 108))  # three full blocks of 16, plus one token
 
 
-def replica(model, redis_url, namespace, *, cost=None) -> Engine:  # noqa: F811
+def replica(model, redis_url, namespace, *, cost=None, first_use=True) -> Engine:  # noqa: F811
     runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
     engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS)
     engine.prefix_cache = PrefixCache(runner, 32, 16, "fp")
@@ -31,6 +32,7 @@ def replica(model, redis_url, namespace, *, cost=None) -> Engine:  # noqa: F811
     )
     store = RedisKVStore(redis_url, namespace, timeout_s=0.2, breaker=CircuitBreaker())
     engine.prefix_cache.l3 = L3Tier(store, meta, cost or LoadCostModel(prior_prefill_tokens_per_s=50.0))
+    engine.prefix_cache.publish_on_first_use = first_use
     return engine
 
 
@@ -158,3 +160,46 @@ def test_blocks_redis_already_holds_are_not_written_again(model, redis_server, r
     assert writes == [] and second.prefix_cache.l3.republish_skipped == 3
     serve(second, [1] + list(range(200, 232)) + [9])  # new blocks are still published
     assert len(writes) == 1 and len(writes[0][0]) == 2
+
+
+def test_by_default_blocks_reach_redis_on_reuse_or_from_warmup_traffic_only(model, redis_server, request):  # noqa: F811
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace, first_use=False)
+    writes = []
+    first.prefix_cache.l3._writes.submit = writes.append
+    serve(first, PROMPT + [5])
+    assert writes == [], "a one-off prompt costs no host copy and no Redis write"
+    serve(first, PROMPT + [6])  # the prefix is reused: now it is worth sharing
+    assert [len(keys) for keys, _ in writes] == [3]
+    serve(first, PROMPT + [7])
+    assert len(writes) == 1, "published once"
+    sink = RecordingSink()
+    first.submit(request_of([1] + list(range(150, 190)), sink, tier="warmup"))
+    run_until_idle(first)
+    assert len(writes) == 2 and len(writes[1][0]) == 2, (
+        "warmup traffic is published at once (new blocks only)"
+    )
+
+
+def test_a_block_published_on_reuse_serves_another_replica(model, redis_server, request):  # noqa: F811
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace, first_use=False)
+    expected = serve(first, PROMPT + [5])
+    serve(first, PROMPT + [6])
+    first.prefix_cache.l3.close()
+    second = replica(model, redis_server, namespace, first_use=False)
+    assert serve(second, PROMPT + [5]) == expected
+    assert second.prefix_cache.l3.loaded_blocks == 3
+
+
+def test_a_prefix_computed_again_after_eviction_counts_as_reuse(model, redis_server, request):  # noqa: F811
+    namespace = f"kv-test:{request.node.name}"
+    engine = replica(model, redis_server, namespace, first_use=False)
+    writes = []
+    engine.prefix_cache.l3._writes.submit = writes.append
+    serve(engine, PROMPT + [5])
+    for i in range(5):  # 5 x 7 new blocks of another tenant overflow the 32-block pool
+        serve(engine, [1] + [100 + i] * 112, tenant="other")
+    assert writes == [] and engine.prefix_cache.evictions > 0
+    serve(engine, PROMPT + [6])  # recomputed: its blocks were seen before, so they are shared now
+    assert [len(keys) for keys, _ in writes] == [3]
