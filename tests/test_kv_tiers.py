@@ -36,6 +36,13 @@ def replica(model, redis_url, namespace, *, cost=None, first_use=True) -> Engine
     return engine
 
 
+def captured_writes(engine) -> list:
+    """Everything the engine hands its L3 writer from now on, instead of writing it to Redis."""
+    writes: list = []
+    engine.prefix_cache.l3._writes.submit = writes.append
+    return writes
+
+
 def serve(engine, prompt, tenant="default") -> list[int]:
     sink = RecordingSink()
     engine.submit(request(prompt, sink, max_tokens=6, tenant=tenant))
@@ -153,8 +160,7 @@ def test_blocks_redis_already_holds_are_not_written_again(model, redis_server, r
     first.prefix_cache.l3.close()
     recompute = LoadCostModel(prior_prefill_tokens_per_s=1e12)  # recomputing always wins here
     second = replica(model, redis_server, namespace, cost=recompute)
-    writes = []
-    second.prefix_cache.l3._writes.submit = writes.append
+    writes = captured_writes(second)
     serve(second, PROMPT + [5])
     assert second.prefix_cache.l3.loaded_blocks == 0 and second.stats.prefix_reused_tokens == 0
     assert writes == [] and second.prefix_cache.l3.republish_skipped == 3
@@ -165,8 +171,7 @@ def test_blocks_redis_already_holds_are_not_written_again(model, redis_server, r
 def test_by_default_blocks_reach_redis_on_reuse_or_from_warmup_traffic_only(model, redis_server, request):  # noqa: F811
     namespace = f"kv-test:{request.node.name}"
     first = replica(model, redis_server, namespace, first_use=False)
-    writes = []
-    first.prefix_cache.l3._writes.submit = writes.append
+    writes = captured_writes(first)
     serve(first, PROMPT + [5])
     assert writes == [], "a one-off prompt costs no host copy and no Redis write"
     serve(first, PROMPT + [6])  # the prefix is reused: now it is worth sharing
@@ -195,8 +200,7 @@ def test_a_block_published_on_reuse_serves_another_replica(model, redis_server, 
 def test_a_prefix_computed_again_after_eviction_counts_as_reuse(model, redis_server, request):  # noqa: F811
     namespace = f"kv-test:{request.node.name}"
     engine = replica(model, redis_server, namespace, first_use=False)
-    writes = []
-    engine.prefix_cache.l3._writes.submit = writes.append
+    writes = captured_writes(engine)
     serve(engine, PROMPT + [5])
     for i in range(5):  # 5 x 7 new blocks of another tenant overflow the 32-block pool
         serve(engine, [1] + [100 + i] * 112, tenant="other")
