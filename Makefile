@@ -44,6 +44,7 @@ bench-coldstart: setup model
 
 bench-warmup: setup model
 	$(ENV) $(PY) -m bench.warmup
+	$(ENV) $(PY) -m bench.l3_prefetch
 
 bench-compile: setup model
 	$(ENV) $(PY) -m bench.compile_cache
