@@ -99,7 +99,39 @@ def make_redis_client(redis_url: str, timeout_s: float):
     )
 
 
-class ExactResponseCache:
+class RedisCacheBase:
+    """What every Redis-backed response cache shares: a fail-fast client, its circuit breaker, and
+    counters (`stats`, a dataclass with an ``errors`` field) that metrics read with `snapshot`."""
+
+    def __init__(self, redis_url: str, timeout_s: float, breaker: CircuitBreaker | None, stats: Any):
+        import redis
+
+        self.client = make_redis_client(redis_url, timeout_s)
+        self._redis_errors = (redis.RedisError, OSError)
+        self.breaker = breaker or CircuitBreaker()
+        self.stats = stats
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return asdict(self.stats)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except self._redis_errors:
+            pass
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def _fail(self) -> None:
+        self.breaker.record_failure()
+        self._count("errors")
+
+
+class ExactResponseCache(RedisCacheBase):
     """get/put of whole generated texts keyed by (fingerprint, tenant, prompt ids, sampling)."""
 
     def __init__(
@@ -111,16 +143,10 @@ class ExactResponseCache:
         max_text_bytes: int = 1 << 20,
         breaker: CircuitBreaker | None = None,
     ):
-        import redis
-
+        super().__init__(redis_url, timeout_s, breaker, ExactCacheStats())
         self.fingerprint = fingerprint
         self.ttl_s = int(ttl_s)
         self.max_text_bytes = max_text_bytes
-        self.client = make_redis_client(redis_url, timeout_s)
-        self._redis_errors = (redis.RedisError, OSError)
-        self.breaker = breaker or CircuitBreaker()
-        self.stats = ExactCacheStats()
-        self._lock = threading.Lock()
 
     # -- keys and values -------------------------------------------------------------------------
 
@@ -206,25 +232,7 @@ class ExactResponseCache:
         self._count("stores")
         return True
 
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return asdict(self.stats)
-
-    def close(self) -> None:
-        try:
-            self.client.close()
-        except self._redis_errors:
-            pass
-
     # -- internals -------------------------------------------------------------------------------
-
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            setattr(self.stats, name, getattr(self.stats, name) + n)
-
-    def _fail(self) -> None:
-        self.breaker.record_failure()
-        self._count("errors")
 
     def _delete_quietly(self, key: str) -> None:
         try:

@@ -41,19 +41,18 @@ import hashlib
 import json
 import os
 import re
-import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.response_cache import (
+    RedisCacheBase,
     canonical_json,
     is_deterministic,
-    make_redis_client,
     sampling_signature,
     sha256_hex,
     tenant_tag,
@@ -579,7 +578,7 @@ class _TenantMatrix:
     features: dict[int, QuestionFeatures] = field(default_factory=dict)  # filled lazily
 
 
-class SemanticResponseCache:
+class SemanticResponseCache(RedisCacheBase):
     def __init__(
         self,
         redis_url: str,
@@ -597,8 +596,7 @@ class SemanticResponseCache:
     ):
         """``use_guard=False`` exists for the benchmark's ablation only; never serve without it (the
         lower band needs the guard, so without it only ``threshold`` counts)."""
-        import redis
-
+        super().__init__(redis_url, timeout_s, breaker, SemanticCacheStats())
         self.fingerprint = fingerprint
         self.embedder = embedder
         self.threshold = float(threshold)
@@ -608,13 +606,8 @@ class SemanticResponseCache:
         self.use_guard = use_guard
         self.dim = dim
         self.guard = QuestionGuard()
-        self.client = make_redis_client(redis_url, timeout_s)
-        self._redis_errors = (redis.RedisError, OSError)
         self._store_script = self.client.register_script(_STORE_SCRIPT)
         self._delete_script = self.client.register_script(_DELETE_SCRIPT)
-        self.breaker = breaker or CircuitBreaker()
-        self.stats = SemanticCacheStats()
-        self._lock = threading.Lock()
         self._matrices: OrderedDict[str, _TenantMatrix] = OrderedDict()
         self._max_cached_tenants = max_cached_tenants
 
@@ -746,16 +739,6 @@ class SemanticResponseCache:
         self._count("misses")
         return None
 
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return asdict(self.stats)
-
-    def close(self) -> None:
-        try:
-            self.client.close()
-        except self._redis_errors:
-            pass
-
     # -- internals -------------------------------------------------------------------------------
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
@@ -850,11 +833,3 @@ class SemanticResponseCache:
         if doc.get("sum") != expected or not np.all(np.isfinite(np.frombuffer(emb, dtype="<f4"))):
             return None
         return doc
-
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            setattr(self.stats, name, getattr(self.stats, name) + n)
-
-    def _fail(self) -> None:
-        self.breaker.record_failure()
-        self._count("errors")
