@@ -103,8 +103,12 @@ class L3Tier:
         self._remember(keys)
 
     def unknown(self, keys: list[bytes]) -> list[int]:
-        """Positions of the keys Redis is not known to hold (what `publish` would write)."""
-        return [i for i, key in enumerate(keys) if not self._is_known(key)]
+        """Positions of the keys Redis is not known to hold (what `publish` would write): not seen
+        there within half the TTL, after which Redis may have expired them. Called on every prefix
+        lookup, so one lock and one clock read for the whole chain."""
+        fresh_after = self.clock() - self.ttl_s / 2
+        with self._lock:
+            return [i for i, key in enumerate(keys) if self._known.get(key, fresh_after) <= fresh_after]
 
     def _remember(self, keys: list[bytes]) -> None:
         now = self.clock()
@@ -114,12 +118,6 @@ class L3Tier:
                 self._known.move_to_end(key)
             while len(self._known) > self.known_limit:
                 self._known.popitem(last=False)
-
-    def _is_known(self, key: bytes) -> bool:
-        """Seen in Redis within half the TTL, so it is still there unless Redis evicted it."""
-        with self._lock:
-            seen = self._known.get(key)
-        return seen is not None and self.clock() - seen < self.ttl_s / 2
 
     def close(self) -> None:
         self._writes.close()
