@@ -12,13 +12,18 @@ pytestmark = [
 ]
 
 
-def test_decode_graph_replays_match_eager_decode():
+@pytest.fixture
+def model():
+    """A small random Llama on the GPU, the same for every test (seeded)."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=500, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=256, max_position_embeddings=256,
     )  # fmt: skip
-    model = LlamaForCausalLM(config).cuda().eval()
+    return LlamaForCausalLM(config).cuda().eval()
+
+
+def test_decode_graph_replays_match_eager_decode(model):
     runner = ModelRunner(model, slots=4, max_len=256, kv_buckets=(16, 64))
     for slot, prompt in enumerate(([1, 5, 9], [1, 7, 7, 7, 7, 7])):
         runner.prefill(slot, prompt, 16)
@@ -33,16 +38,10 @@ def test_decode_graph_replays_match_eager_decode():
     torch.testing.assert_close(replayed, eager, atol=1e-4, rtol=1e-4)
 
 
-def test_warmup_stages_carry_cuda_event_times_beside_host_times():
+def test_warmup_stages_carry_cuda_event_times_beside_host_times(model):
     from engine.engine import Engine
     from engine.warmup import run_warmup
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=500, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=256, max_position_embeddings=256,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).cuda().eval()
     runner = ModelRunner(model, slots=2, max_len=256, kv_buckets=(16, 64))
     engine = Engine(runner, lambda t: bytes([97 + t % 26]), {2}, (16, 64))
     report = run_warmup(engine, enabled=True)
