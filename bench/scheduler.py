@@ -299,15 +299,17 @@ def probe_capacity(url: str, wl: Workload, args: argparse.Namespace) -> float:
     return capacity
 
 
+def uses_admission(policy: str, args: argparse.Namespace) -> bool:
+    return policy in SCHEDULER_POLICIES or args.baseline_admission == "on"
+
+
 def stack_options(policy: str, args: argparse.Namespace, tiers_file: Path) -> StackOptions:
-    scheduler = policy in SCHEDULER_POLICIES
-    admission = scheduler or args.baseline_admission == "on"
     overrides = {
         "llm_engine": {
             "max_batch_size": str(args.slots),
             "plan_kv_from_traffic": "false",
-            "admission_control": "true" if admission else "false",
-            "preemption": "true" if scheduler else "false",
+            "admission_control": "true" if uses_admission(policy, args) else "false",
+            "preemption": "true" if policy in SCHEDULER_POLICIES else "false",
         }
     }
     env = engine_env(args.device, args.dtype, args.max_seq_len)
@@ -329,7 +331,7 @@ def run_policy(
     """Start a stack for `policy`, (probe if no rates yet), run every seed and rate."""
     options = stack_options(policy, args, tiers_file)
     options.run_dir.mkdir(parents=True, exist_ok=True)
-    admission = options.overrides["llm_engine"]["admission_control"] == "true"
+    admission = uses_admission(policy, args)
     progress(
         f"{policy}: starting a stack (engine queue {POLICIES[policy]}, "
         f"admission {'on' if admission else 'off'})"
