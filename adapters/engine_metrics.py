@@ -51,6 +51,14 @@ class TritonEngineObserver(EngineObserver):
         self.warmup_total = family("llm_engine_warmup_seconds", "Whole warmup duration", family.GAUGE)
         self.kv_bytes = family("llm_engine_kv_cache_bytes", "KV memory reserved at start", family.GAUGE)
         self.kv_used = family("llm_engine_kv_used_bytes", "KV memory holding live tokens", family.GAUGE)
+        self.kv_pool_slots = family(
+            "llm_engine_kv_pool_slots", "KV slots per length-class pool, by capacity in tokens", family.GAUGE
+        )
+        self.kv_single_pool = family(
+            "llm_engine_kv_single_pool_bytes",
+            "KV memory the same slots would reserve as one pool of the sequence limit",
+            family.GAUGE,
+        )
         self.warmup_failures = family(
             "llm_engine_warmup_failure_total",
             "Warmup steps that failed (lazy warm-up took over)",
@@ -202,3 +210,8 @@ class TritonEngineObserver(EngineObserver):
             self._metric(self.warmup_stage, stage=stage.name).set(stage.seconds)
         self._metric(self.warmup_total).set(report.total_seconds)
         self._metric(self.kv_bytes).set(kv_bytes)
+        kv_plan = report.plan.get("kv", {})
+        for pool in kv_plan.get("pools", []):
+            self._metric(self.kv_pool_slots, capacity=str(pool["capacity"])).set(pool["slots"])
+        if "single_pool_tokens" in kv_plan:
+            self._metric(self.kv_single_pool).set(kv_plan["single_pool_tokens"] * kv_bytes_per_token)

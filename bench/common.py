@@ -75,6 +75,9 @@ class PromptFactory:
         return len(self.tokenizer.encode(text).ids)
 
 
+PROBE_MAX_TOKENS = 4
+
+
 class TtftProbe:
     """Sends requests one at a time on one long-lived gRPC stream, as a production client would.
 
@@ -87,7 +90,11 @@ class TtftProbe:
         self.session = StreamingSession(url)
 
     def ttft_ms(
-        self, prompt: str, max_tokens: int = 4, tier: str | None = None, tenant: str | None = None
+        self,
+        prompt: str,
+        max_tokens: int = PROBE_MAX_TOKENS,
+        tier: str | None = None,
+        tenant: str | None = None,
     ) -> float:
         sampling = {"max_tokens": max_tokens, "ignore_eos": True}
         rid = self.session.submit(prompt, sampling=sampling, tier=tier, tenant=tenant)

@@ -102,7 +102,7 @@ def time_decode_steps(runner, steps: int) -> dict[str, dict[str, float]]:
     vocab = runner.model.config.vocab_size
     for bucket in sorted(runner.compiled_buckets):
         tokens = torch.randint(0, vocab, (runner.slots,), generator=generator).to(runner.device)
-        positions = torch.full((runner.slots,), bucket - 1, dtype=torch.long, device=runner.device)
+        positions = runner.last_positions(bucket)
         variants = {"eager": runner._decode_eager, "compiled": runner._decode_compiled}
         times: dict[str, list[float]] = {name: [] for name in variants}
         with torch.inference_mode():

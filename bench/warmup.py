@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import (
+    PROBE_MAX_TOKENS,
     REPO_ROOT,
     PromptFactory,
     TtftProbe,
@@ -38,7 +39,7 @@ from bench.common import (
     progress,
     write_results,
 )
-from cache.traffic_stats import TrafficStatsStore, model_fingerprint
+from cache.traffic_stats import RESERVED, TrafficStatsStore, model_fingerprint
 from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, find_free_port, start_redis_server, start_stack
 from deploy.logs import warmup_report
@@ -117,6 +118,7 @@ def run_config(args, name: str, model_dir: Path, lengths: list[int], history: li
         if name == "planned":
             store = TrafficStatsStore(redis_url, "llm_engine", model_fingerprint(model_dir, args.max_seq_len))
             store.add_lengths(Counter(history))
+            store.add_lengths(Counter(n + PROBE_MAX_TOKENS for n in history), RESERVED)
         options = StackOptions(
             run_dir=run_dir,
             model_dir=model_dir,
@@ -171,6 +173,10 @@ def run_config(args, name: str, model_dir: Path, lengths: list[int], history: li
         redis_proc.wait(timeout=10)
 
 
+def kv_pools(plan: dict) -> str:
+    return " + ".join(f"{p['capacity']}x{p['slots']}" for p in plan["kv"]["pools"])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model_dir = model_dir_for(args.preset, args.model_dir)
@@ -184,14 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     headers = [
         "config", "READY s", "warmup s", "first ms", "steady ms (same class)", "first/steady",
         "max slowdown first100", "P99 first100 ms", "P99 same lengths later ms", "P99 ratio",
-        "new shapes after READY", "hot prefixes loaded/deferred",
+        "new shapes after READY", "hot prefixes loaded/deferred", "KV pools (capacity x slots)",
+        "KV reserved / one pool",
     ]  # fmt: skip
     rows = [
         [
             r.name, r.ready_s, r.warmup_total_s, r.summary["first_ms"], r.summary["steady_same_class_ms"],
             r.summary["first_over_steady"], r.summary["max_slowdown_first100"], r.summary["p99_first_ms"],
             r.summary["p99_steady_ms"], r.summary["p99_ratio"], int(r.new_shapes_after_ready),
-            f"{r.plan['prefill_loaded']}/{r.plan['prefill_deferred']}",
+            f"{r.plan['prefill_loaded']}/{r.plan['prefill_deferred']}", kv_pools(r.plan),
+            r.plan["kv"]["slot_tokens"] / r.plan["kv"]["single_pool_tokens"],
         ]
         for r in results
     ]  # fmt: skip

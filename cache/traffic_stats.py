@@ -1,4 +1,5 @@
-"""Per-model traffic statistics in Redis: the prompt-length histogram and recent concurrency peaks.
+"""Per-model traffic statistics in Redis: histograms of prompt lengths and of reserved sequence
+lengths (prompt + max_tokens), and recent concurrency peaks.
 
 Warmup plans from them at the next start (scheduler/warmup_planner.py). Every call has a short
 socket timeout and raises StoreUnavailable instead of hanging: a slow or dead Redis must never
@@ -16,6 +17,9 @@ _MAX_PEAK = (
     "if (not v) or tonumber(v) < tonumber(ARGV[2]) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end "
     "redis.call('EXPIRE', KEYS[1], ARGV[3]) return 1"
 )
+PROMPT = "prompt_lengths"
+RESERVED = "reserved_lengths"  # prompt + max_tokens: the KV positions a request may reach
+HISTOGRAMS = (PROMPT, RESERVED)
 PEAK_WINDOW_S = 3600
 PEAK_TTL_S = 14 * 24 * 3600
 
@@ -53,27 +57,33 @@ class TrafficStatsStore:
 
     @property
     def lengths_key(self) -> str:
-        return f"{self.prefix}:prompt_lengths"
+        return self.histogram_key(PROMPT)
+
+    def histogram_key(self, histogram: str) -> str:
+        if histogram not in HISTOGRAMS:
+            raise ValueError(f"unknown length histogram {histogram!r}; known: {', '.join(HISTOGRAMS)}")
+        return f"{self.prefix}:{histogram}"
 
     @property
     def peaks_key(self) -> str:
         return f"{self.prefix}:peak_active"
 
-    def add_lengths(self, counts: Mapping[int, int]) -> None:
+    def add_lengths(self, counts: Mapping[int, int], histogram: str = PROMPT) -> None:
         if not counts:
             return
+        key = self.histogram_key(histogram)
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 for length, count in counts.items():
-                    pipe.hincrby(self.lengths_key, str(int(length)), int(count))
+                    pipe.hincrby(key, str(int(length)), int(count))
                 pipe.execute()
         except self.errors as exc:
             raise StoreUnavailable(f"recording prompt lengths failed: {exc}") from exc
 
-    def load_lengths(self) -> dict[int, int]:
+    def load_lengths(self, histogram: str = PROMPT) -> dict[int, int]:
         """The histogram {length: count}; malformed fields are skipped, not trusted."""
         try:
-            raw = self.client.hgetall(self.lengths_key)
+            raw = self.client.hgetall(self.histogram_key(histogram))
         except self.errors as exc:
             raise StoreUnavailable(f"reading prompt lengths failed: {exc}") from exc
         out: dict[int, int] = {}

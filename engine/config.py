@@ -75,6 +75,7 @@ class EngineConfig:
     traffic_flush_s: float = 5.0
     plan_min_samples: int = 50
     plan_kv_from_traffic: bool = True
+    kv_length_classes: bool = True  # one slot pool per length class, sized from recorded traffic
     peak_half_life_s: float = 6 * 3600.0
     kv_headroom: float = 1.5
     drain_timeout_s: float = 10.0

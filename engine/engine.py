@@ -8,6 +8,7 @@ slot together.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -91,7 +92,7 @@ class Engine:
         self._cache_stats_at = 0.0
         self._cache_stats_lock = threading.Lock()
         self._active: dict[int, _Active] = {}
-        self._free = list(range(runner.slots - 1, -1, -1))
+        self._free = list(range(runner.slots))
         self._lock = threading.Condition()
         self._accepting = True
         self._stopping = False
@@ -125,7 +126,7 @@ class Engine:
             )
         request.received_ns = request.received_ns or time.time_ns()
         if self.recorder is not None and request.params.tier != "warmup":  # user traffic only
-            self.recorder.observe_prompt(length)
+            self.recorder.observe_request(length, self._reserved_len(request))
         if self.responses is not None and (
             cached := self.responses.lookup(request.prompt_ids, request.params)
         ):
@@ -304,8 +305,9 @@ class Engine:
         fetched = None if self.template_prefetch is None else self.template_prefetch.take(prompt, tenant)
         if fetched is not None:
             self.prefix_cache.adopt(fetched.keys, fetched.blocks, fetched.waited_s)
-        self.prefill(0, prompt, tenant)
-        return self.prefix_cache.store(0, prompt, tenant, pin=True)
+        slot = self.runner.widest_slot
+        self.prefill(slot, prompt, tenant)
+        return self.prefix_cache.store(slot, prompt, tenant, pin=True)
 
     def _drain_queue(self) -> list[EngineRequest]:
         with self._lock:
@@ -336,20 +338,24 @@ class Engine:
         admitted = False
         while True:
             with self._lock:
-                began = time.perf_counter_ns()
+                began, now = time.perf_counter_ns(), time.monotonic_ns()
                 if not self._queue:
                     break
-                victim = None if self._free else self._victim_locked()
-                if not self._free and victim is None:
-                    break
-                request = self._queue.pop()
-                request.scheduling_ns += time.perf_counter_ns() - began  # the decision, not the KV work
+                need = self._reserved_len(self._queue.peek(now))
+                victim = None if self._fitting_slot(need) is not None else self._victim_locked(need)
                 if victim is not None:
+                    request = self._queue.pop(now)
                     self._suspend(victim)
+                elif self._fitting_slot(need) is not None:
+                    request = self._queue.pop(now)
+                elif (request := self._backfill_locked()) is None:
+                    break
+                request.scheduling_ns += time.perf_counter_ns() - began  # the decision, not the KV work
             if request.sink.cancelled():
                 self._cancel_queued(request)
                 continue
-            slot = self._free.pop()
+            slot = self._fitting_slot(self._reserved_len(request))
+            self._free.remove(slot)
             suspended = self._suspended.pop(request.request_id, None)
             if suspended is not None:
                 self._resume(suspended, slot)
@@ -358,8 +364,29 @@ class Engine:
             admitted = True
         return admitted
 
-    def _victim_locked(self) -> _Active | None:
-        """The running request to suspend because the queue's head would miss its deadline waiting."""
+    def _reserved_len(self, request: EngineRequest) -> int:
+        """KV positions the request can reach: its prompt plus every token it may generate."""
+        return min(len(request.prompt_ids) + request.params.max_tokens, self.runner.max_len)
+
+    def _fitting_slot(self, need: int) -> int | None:
+        """The free slot of the smallest capacity that holds `need` positions (lowest number on ties)."""
+        fitting = [(self.runner.slot_capacity(slot), slot) for slot in self._free]
+        best = min((entry for entry in fitting if entry[0] >= need), default=None)
+        return None if best is None else best[1]
+
+    def _backfill_locked(self, scan: int = 64) -> EngineRequest | None:
+        """The head fits no free slot (its length class is busy): a later request that fits a free
+        slot takes it. Every free slot is then shorter than the head needs, so the head loses nothing."""
+        if not self._free:
+            return None
+        for entry in itertools.islice(self._queue.entries(), scan):
+            if self._fitting_slot(self._reserved_len(entry.item)) is not None:
+                return self._queue.remove(entry.key)
+        return None
+
+    def _victim_locked(self, need: int) -> _Active | None:
+        """The running request to suspend because the queue's head would miss its deadline waiting;
+        only a slot that can hold the head (`need` positions) is a candidate."""
         if self.preemption is None or not self._active:
             return None
         head = self._queue.peek()
@@ -368,7 +395,10 @@ class Engine:
                 s.slot, s.request.priority, s.request.params.max_tokens - len(s.output), s.preemptions
             )
             for s in self._active.values()
+            if self.runner.slot_capacity(s.slot) >= need
         ]
+        if not running:
+            return None
         prefill_s = len(head.prompt_ids) / self.prefill_rate.get(5000.0)
         slot = self.preemption.victim(
             Contender(head.priority, head.deadline_ns, prefill_s),
@@ -478,7 +508,7 @@ class Engine:
                 state.done = "stop"
             elif len(state.output) >= params.max_tokens:
                 state.done = "length"
-            elif state.position >= self.runner.max_len:
+            elif state.position >= self.runner.slot_capacity(state.slot):
                 state.done = "length"
         if state.done is not None:
             self._finish(state, state.done)

@@ -14,7 +14,7 @@ import yaml
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from cache.traffic_stats import StoreUnavailable, TrafficStatsStore, model_fingerprint
+from cache.traffic_stats import RESERVED, StoreUnavailable, TrafficStatsStore, model_fingerprint
 from engine.compile_cache import CompileCache, compile_cache_for
 from engine.config import EngineConfig
 from engine.detokenize import TokenDecoder
@@ -33,6 +33,7 @@ from engine.observer import EngineObserver
 from engine.traffic_recorder import TrafficRecorder
 from engine.warmup import StageTiming, WarmupReport, run_warmup
 from scheduler.admission import AdmissionController
+from scheduler.kv_pools import KVPoolPlan, plan_kv_pools, single_pool
 from scheduler.preemption import PreemptionPolicy
 from scheduler.tiers import TierTable
 from scheduler.warmup_planner import BucketPlan, plan_buckets, predict_reserve
@@ -67,14 +68,19 @@ class TrafficPlan:
 
     buckets: BucketPlan
     histogram: dict[int, int]
-    slots: int
+    kv: KVPoolPlan
     store: TrafficStatsStore | None
     failures: list[dict] = field(default_factory=list)
+
+    @property
+    def slots(self) -> int:
+        return self.kv.slots
 
 
 def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model_name: str) -> TrafficPlan:
     """Read the model's traffic history from Redis; any failure falls back to the configured defaults."""
     histogram: dict[int, int] = {}
+    reserved: dict[int, int] = {}
     peaks: list[tuple[float, float]] = []
     failures: list[dict] = []
     store = None
@@ -82,6 +88,7 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
         try:
             store = TrafficStatsStore(config.redis_url, model_name, model_fingerprint(model_dir, max_len))
             histogram = store.load_lengths()
+            reserved = store.load_lengths(RESERVED)
             peaks = store.load_peaks()
         except StoreUnavailable as exc:
             failures.append({"stage": "plan", "error": str(exc)})
@@ -90,7 +97,10 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
     if config.plan_kv_from_traffic and peaks:
         predicted = predict_reserve(peaks, time.time(), config.peak_half_life_s, config.kv_headroom)
         slots = max(config.min_batch_size, min(config.max_batch_size, math.ceil(predicted)))
-    return TrafficPlan(buckets, histogram, slots, store, failures)
+    kv = single_pool(slots, max_len)
+    if config.plan_kv_from_traffic and config.kv_length_classes:
+        kv = plan_kv_pools(reserved, slots, max_len, buckets.buckets, min_samples=config.plan_min_samples)
+    return TrafficPlan(buckets, histogram, kv, store, failures)
 
 
 def build_l3(
@@ -199,7 +209,8 @@ def load_engine(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[config.dtype])
     model = model.to(config.device).eval()
     buckets = plan.buckets.buckets
-    runner = ModelRunner(model, plan.slots, max_len, buckets)
+    pools = [(pool.capacity, pool.slots) for pool in plan.kv.pools]
+    runner = ModelRunner(model, plan.slots, max_len, buckets, pools)
     runner.use_cuda_graphs = config.cuda_graphs and runner.device.type == "cuda"
     decoder = TokenDecoder.from_model_dir(model_dir)
     tiers = (TierTable.load(config.tiers_file) if config.tiers_file else TierTable.defaults()).for_device(
@@ -253,7 +264,7 @@ def load_engine(
     load_seconds = time.perf_counter() - started
     log(
         f"loaded {model_dir} on {runner.device} ({config.dtype}) in {load_seconds:.2f}s; "
-        f"{runner.slots} slots, KV {runner.kv_bytes / 2**20:.1f} MiB; "
+        f"{runner.slots} slots in pools {pools}, KV {runner.kv_bytes / 2**20:.1f} MiB; "
         f"buckets {list(buckets)} ({plan.buckets.source})"
     )
     report = run_warmup(
@@ -273,6 +284,7 @@ def load_engine(
         "samples": plan.buckets.samples,
         "cuts": plan.buckets.cuts,
         "slots": plan.slots,
+        "kv": plan.kv.as_dict(),
     }
     settle_garbage_collector()
     engine.ready = True

@@ -11,6 +11,7 @@ requests join and leave between steps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,10 +56,33 @@ class KVShape:
         return 2 * self.layers * self.slots * self.kv_heads * self.max_len * self.head_dim * element
 
 
-class ModelRunner:
-    """Prefill and decode over a slot cache: slot `s` holds one request's keys and values."""
+@dataclass(frozen=True)
+class SlotPool:
+    """Global slots [first, first + slots) share one cache tensor of `capacity` positions each."""
 
-    def __init__(self, model: torch.nn.Module, slots: int, max_len: int, kv_buckets: tuple[int, ...]):
+    first: int
+    slots: int
+    capacity: int
+    cache: torch.Tensor  # [layers, 2, slots, kv_heads, capacity, head_dim]
+    local: torch.Tensor  # arange(slots) on the device: the decode step's KV write index
+
+
+class ModelRunner:
+    """Prefill and decode over a slot cache: slot `s` holds one request's keys and values.
+
+    The slots may be split into pools of different capacities (length classes, planned by
+    scheduler/kv_pools.py): each pool is one tensor allocated here, once. Global slot numbers run
+    through the pools in order, shortest capacity first.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        slots: int,
+        max_len: int,
+        kv_buckets: tuple[int, ...],
+        pools: Sequence[tuple[int, int]] | None = None,
+    ):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -78,12 +102,12 @@ class ModelRunner:
         self.max_len = min(max_len, limit)
         self.kv_buckets = tuple(b for b in kv_buckets if b < self.max_len) + (self.max_len,)
         self.shape = KVShape(len(self.decoder.layers), slots, self.kv_heads, self.max_len, self.head_dim)
-        self.cache = torch.zeros(
-            (self.shape.layers, 2, slots, self.kv_heads, self.max_len, self.head_dim),
-            dtype=self.dtype,
-            device=self.device,
-        )
-        self.slot_index = torch.arange(slots, device=self.device)
+        self.pools = self._allocate(pools or ((self.max_len, slots),))
+        self._slot_pool = [
+            (pool, slot - pool.first)
+            for pool in self.pools
+            for slot in range(pool.first, pool.first + pool.slots)
+        ]
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._graph_logits: dict[int, torch.Tensor] = {}
         self._graph_pool = None
@@ -99,7 +123,42 @@ class ModelRunner:
 
     @property
     def kv_bytes(self) -> int:
-        return self.shape.bytes(self.dtype)
+        return sum(pool.cache.nbytes for pool in self.pools)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_bytes // sum(pool.capacity * pool.slots for pool in self.pools)
+
+    @property
+    def widest_slot(self) -> int:
+        """A slot of the longest capacity (warmup shapes and template prefills go there)."""
+        return self.slots - 1
+
+    def last_positions(self, kv_len: int) -> torch.Tensor:
+        """Every slot at the last position a `kv_len` decode step reaches in its pool (dummy steps)."""
+        last = [min(kv_len, pool.capacity) - 1 for pool in self.pools for _ in range(pool.slots)]
+        return torch.tensor(last, dtype=torch.long, device=self.device)
+
+    def slot_capacity(self, slot: int) -> int:
+        return self._slot_pool[slot][0].capacity
+
+    def clear(self) -> None:
+        for pool in self.pools:
+            pool.cache.zero_()
+
+    def _allocate(self, pools: Sequence[tuple[int, int]]) -> tuple[SlotPool, ...]:
+        plan = sorted((min(capacity, self.max_len), count) for capacity, count in pools if count > 0)
+        if sum(count for _, count in plan) != self.slots or plan[-1][0] != self.max_len:
+            raise ValueError(
+                f"KV pools {pools} must hold {self.slots} slots and end at the sequence limit {self.max_len}"
+            )
+        allocated, first = [], 0
+        for capacity, count in plan:
+            shape = (self.shape.layers, 2, count, self.kv_heads, capacity, self.head_dim)
+            cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            allocated.append(SlotPool(first, count, capacity, cache, torch.arange(count, device=self.device)))
+            first += count
+        return tuple(allocated)
 
     def bucket(self, length: int, buckets: tuple[int, ...] | None = None) -> int:
         for size in buckets or self.kv_buckets:
@@ -117,7 +176,7 @@ class ModelRunner:
         overwrites the padded positions before anything reads them.
         """
         new = token_ids[start:]
-        padded_len = min(padded_len, self.max_len - start)
+        padded_len = min(padded_len, self.slot_capacity(slot) - start)
         ids = torch.zeros((1, padded_len), dtype=torch.long, device=self.device)
         ids[0, : len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + padded_len, device=self.device).unsqueeze(0)
@@ -126,7 +185,8 @@ class ModelRunner:
 
     def read_blocks(self, slot: int, count: int, block_size: int) -> torch.Tensor:
         """The slot's first `count` blocks as [count, layers, 2, kv_heads, block_size, head_dim]."""
-        span = self.cache[:, :, slot, :, : count * block_size]
+        pool, local = self._slot_pool[slot]
+        span = pool.cache[:, :, local, :, : count * block_size]
         blocks = span.reshape(*span.shape[:3], count, block_size, self.head_dim)
         return blocks.permute(3, 0, 1, 2, 4, 5)
 
@@ -134,7 +194,8 @@ class ModelRunner:
         """Inverse of read_blocks: place cached prefix blocks at the start of `slot`."""
         count, block_size = blocks.shape[0], blocks.shape[4]
         span = blocks.permute(1, 2, 3, 0, 4, 5).reshape(*blocks.shape[1:4], count * block_size, self.head_dim)
-        self.cache[:, :, slot, :, : count * block_size] = span
+        pool, local = self._slot_pool[slot]
+        pool.cache[:, :, local, :, : count * block_size] = span
 
     @torch.inference_mode()
     def decode(self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -198,7 +259,7 @@ class ModelRunner:
             self._compiled_decode = torch.compile(self._decode_compilable, dynamic=False, fullgraph=True)
         with torch.inference_mode(False):
             tokens = torch.ones(self.slots, dtype=torch.long, device=self.device)
-            positions = torch.full((self.slots,), kv_len - 1, dtype=torch.long, device=self.device)
+            positions = self.last_positions(kv_len)
         with torch.inference_mode():
             self._compiled_decode(tokens, positions, kv_len)
             with torch.compiler.set_stance("fail_on_recompile"):
@@ -248,15 +309,16 @@ class ModelRunner:
         decode step over `bucket` keys (captured as a CUDA graph when `use_cuda_graphs`). Only for
         warmup: it overwrites slot contents."""
         if kind == "prefill":
-            self.prefill(0, [1] * min(bucket, self.max_len - 1), bucket)
+            self.prefill(self.widest_slot, [1] * min(bucket, self.max_len - 1), bucket)
         elif self.use_cuda_graphs:
             self.capture_decode_graph(bucket)
         else:
             tokens = torch.ones(self.slots, dtype=torch.long, device=self.device)
-            positions = torch.full((self.slots,), bucket - 1, dtype=torch.long, device=self.device)
-            self.decode(tokens, positions, bucket)
+            self.decode(tokens, self.last_positions(bucket), bucket)
 
     def _prefill_attention(self, slot: int, start: int, padded_len: int):
+        pool, local = self._slot_pool[slot]
+        cache = pool.cache
         end = start + padded_len
         gqa = self.kv_heads != self.num_heads
         mask = None
@@ -266,14 +328,14 @@ class ModelRunner:
             mask = (keys_at[None, :] <= queries_at[:, None])[None, None]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.cache[layer, 0, slot, :, start:end] = k[0]
-            self.cache[layer, 1, slot, :, start:end] = v[0]
+            cache[layer, 0, local, :, start:end] = k[0]
+            cache[layer, 1, local, :, start:end] = v[0]
             if mask is None:
                 return F.scaled_dot_product_attention(
                     q, k, v, is_causal=True, scale=self.scaling, enable_gqa=gqa
                 )
-            keys = self._expand_heads(self.cache[layer, 0, slot, :, :end].unsqueeze(0))
-            values = self._expand_heads(self.cache[layer, 1, slot, :, :end].unsqueeze(0))
+            keys = self._expand_heads(cache[layer, 0, local, :, :end].unsqueeze(0))
+            values = self._expand_heads(cache[layer, 1, local, :, :end].unsqueeze(0))
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
 
         return attend
@@ -286,22 +348,34 @@ class ModelRunner:
         return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
 
     def _decode_attention(self, positions: torch.Tensor, kv_len: int, mask: torch.Tensor, opaque_write: bool):
+        """Each pool attends over its own slots, up to the smaller of `kv_len` and its capacity (both
+        are KV buckets, so every pool's shape is fixed by `kv_len`: one graph per bucket still)."""
+        gqa = self.kv_heads != self.num_heads
+        spans = [
+            (pool, slice(pool.first, pool.first + pool.slots), min(kv_len, pool.capacity))
+            for pool in self.pools
+        ]
+
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if opaque_write:  # compiled path (see write_decode_kv); eager skips the op's dispatch cost
-                write_decode_kv(self.cache, layer, self.slot_index, positions, k[:, :, 0], v[:, :, 0])
-            else:
-                self.cache[layer, 0, self.slot_index, :, positions] = k[:, :, 0]
-                self.cache[layer, 1, self.slot_index, :, positions] = v[:, :, 0]
-            keys = self.cache[layer, 0, :, :, :kv_len]
-            values = self.cache[layer, 1, :, :, :kv_len]
-            return F.scaled_dot_product_attention(
-                q,
-                keys,
-                values,
-                attn_mask=mask,
-                scale=self.scaling,
-                enable_gqa=self.kv_heads != self.num_heads,
-            )
+            outputs = []
+            for pool, rows, length in spans:
+                cache, at = pool.cache, positions[rows]
+                if opaque_write:  # compiled path (see write_decode_kv); eager skips the op's dispatch cost
+                    write_decode_kv(cache, layer, pool.local, at, k[rows, :, 0], v[rows, :, 0])
+                else:
+                    cache[layer, 0, pool.local, :, at] = k[rows, :, 0]
+                    cache[layer, 1, pool.local, :, at] = v[rows, :, 0]
+                outputs.append(
+                    F.scaled_dot_product_attention(
+                        q[rows],
+                        cache[layer, 0, :, :, :length],
+                        cache[layer, 1, :, :, :length],
+                        attn_mask=mask[rows, ..., :length],
+                        scale=self.scaling,
+                        enable_gqa=gqa,
+                    )
+                )
+            return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
         return attend
 

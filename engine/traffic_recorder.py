@@ -1,4 +1,4 @@
-"""Collects prompt lengths and concurrency peaks on the request path; a background thread ships
+"""Collects prompt and reserved lengths and concurrency peaks on the request path; a background thread ships
 them to the TrafficStatsStore, so Redis latency or outages never touch a request."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from cache.traffic_stats import StoreUnavailable, TrafficStatsStore
+from cache.traffic_stats import PROMPT, RESERVED, StoreUnavailable, TrafficStatsStore
 
 
 class TrafficRecorder:
@@ -21,16 +21,17 @@ class TrafficRecorder:
         self.store = store
         self.flush_interval_s = flush_interval_s
         self.on_error = on_error
-        self._lengths: Counter[int] = Counter()
+        self._lengths: dict[str, Counter[int]] = {PROMPT: Counter(), RESERVED: Counter()}
         self._peak = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.flush_failures = 0
 
-    def observe_prompt(self, length: int) -> None:
+    def observe_request(self, prompt_len: int, reserved_len: int) -> None:
         with self._lock:
-            self._lengths[length] += 1
+            self._lengths[PROMPT][prompt_len] += 1
+            self._lengths[RESERVED][reserved_len] += 1
 
     def observe_active(self, active: int) -> None:
         if active > self._peak:
@@ -55,16 +56,18 @@ class TrafficRecorder:
             return False
         with self._lock:
             lengths, peak = self._lengths, self._peak
-            self._lengths, self._peak = Counter(), 0
+            self._lengths, self._peak = {PROMPT: Counter(), RESERVED: Counter()}, 0
         try:
-            self.store.add_lengths(lengths)
+            for histogram, counts in lengths.items():
+                self.store.add_lengths(counts, histogram)
             if peak:
                 self.store.add_peak(time.time(), peak)
             return True
         except StoreUnavailable as exc:
             self.flush_failures += 1
             with self._lock:
-                self._lengths.update(lengths)
+                for histogram, counts in lengths.items():
+                    self._lengths[histogram].update(counts)
                 self._peak = max(self._peak, peak)
             self.on_error(str(exc))
             return False

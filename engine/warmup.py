@@ -282,7 +282,7 @@ def run_warmup(
                 summary["end_s"],
             )
         )
-    runner.cache.zero_()
+    runner.clear()
     report.prompt_buckets = list(engine.prompt_buckets)
     report.kv_buckets = list(runner.kv_buckets)
     report.deferred = [f"{kind}:{bucket}" for kind, bucket in engine.deferred_shapes]

@@ -60,9 +60,7 @@ class PreemptionPolicy:
         soonest_free_s = min(r.remaining_steps for r in running) * decode_step_s * self.margin
         if now_ns + int((soonest_free_s + head.prefill_s) * 1e9) <= head.deadline_ns:
             return None  # a slot frees in time on its own
-        eligible = [
-            r for r in running if r.priority > head.priority and r.preemptions < self.max_preemptions
-        ]
+        eligible = [r for r in running if r.priority > head.priority and r.preemptions < self.max_preemptions]
         if not eligible:
             return None
         chosen = max(eligible, key=lambda r: (r.priority, r.remaining_steps, -r.preemptions, -r.slot))

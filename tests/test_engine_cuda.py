@@ -23,8 +23,9 @@ def model():
     return LlamaForCausalLM(config).cuda().eval()
 
 
-def test_decode_graph_replays_match_eager_decode(model):
-    runner = ModelRunner(model, slots=4, max_len=256, kv_buckets=(16, 64))
+@pytest.mark.parametrize("pools", [None, [(16, 2), (256, 2)]], ids=["one-pool", "length-classes"])
+def test_decode_graph_replays_match_eager_decode(model, pools):
+    runner = ModelRunner(model, slots=4, max_len=256, kv_buckets=(16, 64), pools=pools)
     for slot, prompt in enumerate(([1, 5, 9], [1, 7, 7, 7, 7, 7])):
         runner.prefill(slot, prompt, 16)
     tokens = torch.tensor([11, 12, 0, 0], device="cuda")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from bench.common import PromptFactory
-from cache.traffic_stats import TrafficStatsStore, model_fingerprint
+from cache.traffic_stats import RESERVED, TrafficStatsStore, model_fingerprint
 from client.generate import StreamingSession, generate
 from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, find_free_port, start_stack
@@ -17,13 +17,15 @@ from deploy.logs import log_events, warmup_report
 from tests.conftest import MODEL_DIR, REPO_ROOT
 
 RECORDED = {20: 300, 45: 200, 90: 120, 180: 60, 400: 20}  # prompt length -> count
+MAX_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
 def planned_stack(redis_server, tmp_path_factory):
     store = TrafficStatsStore(redis_server, "llm_engine", model_fingerprint(MODEL_DIR, 2048))
-    store.client.delete(store.lengths_key)
+    store.client.delete(store.lengths_key, store.histogram_key(RESERVED))
     store.add_lengths(RECORDED)
+    store.add_lengths({length + MAX_TOKENS: count for length, count in RECORDED.items()}, RESERVED)
     options = StackOptions(
         run_dir=tmp_path_factory.mktemp("planned"),
         model_dir=MODEL_DIR,
@@ -47,11 +49,24 @@ def test_warmup_buckets_come_from_the_recorded_histogram(planned_stack):
 def test_recorded_lengths_meet_no_cold_shape(planned_stack):
     prompts = PromptFactory(MODEL_DIR)
     for length in RECORDED:
-        result = generate(planned_stack.grpc_url, prompts.make(length), sampling={"max_tokens": 8})
+        result = generate(planned_stack.grpc_url, prompts.make(length), sampling={"max_tokens": MAX_TOKENS})
         assert result.text
     metrics = scrape_metrics(planned_stack.metrics_url)
     assert metric_total(metrics, "llm_engine_new_shapes_after_ready_total") == 0
     assert metric_total(metrics, "llm_engine_requests_finished_total", tier="standard") == len(RECORDED)
+
+
+def test_kv_pools_are_sized_per_length_class(planned_stack):
+    kv = warmup_report(planned_stack.triton_log)["plan"]["kv"]
+    assert kv["source"] == "traffic" and len(kv["pools"]) > 1
+    assert kv["pools"][-1]["capacity"] == 2048 and kv["slot_tokens"] < kv["single_pool_tokens"]
+    metrics = scrape_metrics(planned_stack.metrics_url)
+    for pool in kv["pools"]:
+        assert (
+            metric_total(metrics, "llm_engine_kv_pool_slots", capacity=str(pool["capacity"])) == pool["slots"]
+        )
+    reserved = metric_total(metrics, "llm_engine_kv_cache_bytes")
+    assert 0 < reserved < metric_total(metrics, "llm_engine_kv_single_pool_bytes")
 
 
 def test_ready_is_reported_only_after_warmup(planned_stack):

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from cache.traffic_stats import StoreUnavailable, TrafficStatsStore
+from cache.traffic_stats import RESERVED, StoreUnavailable, TrafficStatsStore
 from deploy.launch import find_free_port
 from engine.traffic_recorder import TrafficRecorder
 
@@ -49,14 +49,15 @@ def test_recorder_keeps_data_while_redis_is_down_and_ships_it_later(redis_server
         TrafficStatsStore(f"redis://localhost:{find_free_port()}/0", "m", "f", timeout_s=0.1),
         on_error=errors.append,
     )
-    recorder.observe_prompt(12)
-    recorder.observe_prompt(12)
+    recorder.observe_request(12, 28)
+    recorder.observe_request(12, 28)
     recorder.observe_active(3)
     assert not recorder.flush()
     assert errors and recorder.flush_failures == 1
     recorder.store = store  # Redis is back
     assert recorder.flush()
     assert store.load_lengths() == {12: 2}
+    assert store.load_lengths(RESERVED) == {28: 2}
     assert store.load_peaks()[0][1] == 3.0
 
 
@@ -66,3 +67,12 @@ def test_model_fingerprint_is_stable_and_depends_on_the_limit(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     assert model_fingerprint(tmp_path, 2048) == model_fingerprint(tmp_path, 2048)
     assert model_fingerprint(tmp_path, 2048) != model_fingerprint(tmp_path, 4096)
+
+
+def test_histograms_are_separate_and_unknown_names_are_refused(redis_server, store):
+    store.add_lengths({10: 1})
+    store.add_lengths({26: 1}, RESERVED)
+    assert store.load_lengths() == {10: 1}
+    assert store.load_lengths(RESERVED) == {26: 1}
+    with pytest.raises(ValueError, match="unknown length histogram"):
+        store.load_lengths("output_lengths")

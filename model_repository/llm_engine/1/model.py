@@ -86,10 +86,7 @@ class TritonPythonModel:
             model_version=str(args.get("model_version", "")),
         )
         self.engine = loaded.engine
-        runner = self.engine.runner
-        observer.record_warmup(
-            loaded.report, loaded.kv_bytes, loaded.kv_bytes // (runner.slots * runner.max_len)
-        )
+        observer.record_warmup(loaded.report, loaded.kv_bytes, self.engine.runner.kv_bytes_per_token)
         log_event("warmup_report", load_seconds=round(loaded.load_seconds, 3), report=asdict(loaded.report))
 
     def execute(self, requests):
