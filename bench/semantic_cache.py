@@ -11,13 +11,16 @@ SemanticResponseCache.lookup (query normalisation, guard and the two-band decisi
 Thresholds are chosen on a tuning half and reported on a held-out half. The halves are fixed by
 SHA-256 of the stored question ("a"), so every pair of one stored question sits in one half; queries
 of either half are still looked up against all stored questions. A grid of (threshold, low_threshold)
-is evaluated with real lookups; two selection rules pick from the tuning half the point with the
+is evaluated by replaying each query's ranked candidates (``SemanticResponseCache.candidates``) through
+the cache's own decision (``select``), checked against real lookups at the headline setting; the lower
+band's verifier is fitted on the tuning half only (and refitted per fold in the k-fold); two selection
+rules pick from the tuning half the point with the
 highest hit rate whose precision is at least --min-precision: by the point estimate, and by a one-sided
 Wilson lower bound (z = --z), which the point estimate on ~230 pairs overrates. The lower-bound choice is
 the headline and what the cache's defaults should be. A 5-fold estimate (tune on 4/5, measure on 1/5,
 pooled) is reported beside it. Writes bench/results/semantic-cache-<tag>.{json,md,png}.
 
-    python -m bench.semantic_cache
+    python -m bench.semantic_cache [--write-weights]   # the latter also rewrites cache/semantic_verifier.json
 """
 
 from __future__ import annotations
@@ -39,7 +42,14 @@ from pathlib import Path
 import numpy as np
 
 from cache.embedder import MiniLMEmbedder
-from cache.semantic_cache import LOW_BAND_MAX_OVERLAP, SemanticResponseCache
+from cache.semantic_cache import (
+    QuestionGuard,
+    SemanticResponseCache,
+    extract_features,
+    normalize_question,
+    select,
+)
+from cache.semantic_verifier import DEFAULT_WEIGHTS, VERIFIER_TOP_K, Verifier, fit, pair_features
 from deploy.launch import find_free_port, start_redis_server
 from scheduler.messages import EngineRequestParams
 
@@ -70,6 +80,7 @@ class Pair:
 @dataclass
 class Point:
     threshold: float
+    p_min: float | None
     low_threshold: float
     guard: bool
     hits: int
@@ -149,6 +160,7 @@ def score(
     threshold: float,
     low_threshold: float,
     guard: bool,
+    p_min: float | None = None,
 ) -> Point:
     true_match = {(p.a, p.b) for p in pairs if p.same}
     hits = correct = correct_true = low = 0
@@ -157,19 +169,25 @@ def score(
         if not used or result is None:
             continue
         hits += 1
-        low += result[1] == "low"
+        low += result[1] != "high"
         if (result[0], pair.b) in true_match:
             correct += 1
             correct_true += int(pair.same)
         else:
             wrong[pair.kind if not pair.same else "paraphrase:other-entry"] += 1
     true_pairs = sum(p.same for p, used in zip(pairs, keep) if used)
-    return Point(threshold, low_threshold, guard, hits, correct, low, true_pairs, correct_true, dict(wrong))
+    return Point(
+        threshold, p_min, low_threshold, guard, hits, correct, low, true_pairs, correct_true, dict(wrong)
+    )
 
 
 def choose(points: list[Point], min_precision: float, z: float) -> Point | None:
     ok = [p for p in points if p.hits and p.precision_lower_bound(z) >= min_precision]
-    return max(ok, key=lambda p: (p.hit_rate, p.precision, p.threshold, p.low_threshold)) if ok else None
+    return (
+        max(ok, key=lambda p: (p.hit_rate, p.precision, p.threshold, p.low_threshold, p.p_min or 1.0))
+        if ok
+        else None
+    )
 
 
 def plot(
@@ -224,6 +242,75 @@ def sweep_table(points: list[Point], every: float) -> str:
     return "\n".join(lines)
 
 
+BASE_LOW = 0.50  # the lowest band bottom the grid tries; candidates below it are never looked at
+
+
+def cut_of(verifier: Verifier, point: Point) -> Verifier | None:
+    return None if point.p_min is None else verifier.with_cut(point.p_min, point.low_threshold)
+
+
+def replay_all(ranked, high: float, low: float, verifier: Verifier | None) -> list[tuple[str, str] | None]:
+    out = []
+    for cands, n_eligible in ranked:
+        r = select(cands, high, low, verifier, n_eligible)
+        out.append(None if r is None else (r[0].prompt, r[1]))
+    return out
+
+
+def fit_verifier(pairs, stored, stored_vecs, query_vecs, keep_query, keep_stored, fitted_on) -> Verifier:
+    """Fits the verifier on the kept queries against the kept stored questions only (margins too): the
+    top VERIFIER_TOP_K guard-passing candidates in [BASE_LOW, max threshold), label = the labeled true
+    paraphrase. Nothing of the other queries or stored questions is seen."""
+    idx = [i for i, a in enumerate(stored) if keep_stored(a)]
+    sub = stored_vecs[idx]
+    names = [stored[i] for i in idx]
+    true = {(p.a, p.b) for p in pairs if p.same}
+    guard = QuestionGuard()
+    xs, ys = [], []
+    for p, vec, used in zip(pairs, query_vecs, keep_query):
+        if not used:
+            continue
+        scores = sub @ vec
+        order = np.argsort(-scores)
+        qf, qn = extract_features(p.b), normalize_question(p.b)
+        taken = 0
+        for rank, j in enumerate(order):
+            if scores[j] < BASE_LOW or taken >= VERIFIER_TOP_K:
+                break
+            ef = extract_features(names[j])
+            if not guard.check(qf, ef).ok:
+                continue
+            taken += 1
+            if scores[j] >= 0.90:
+                continue
+            other = scores[order[1]] if rank == 0 else scores[order[0]]
+            xs.append(
+                pair_features(
+                    float(scores[j]),
+                    float(scores[j] - other),
+                    qf.content,
+                    ef.content,
+                    qn,
+                    normalize_question(names[j]),
+                )
+            )
+            ys.append(float((names[j], p.b) in true))
+    return fit(np.array(xs), np.array(ys), fitted_on=f"{fitted_on}: {len(ys)} rows, {int(sum(ys))} true")
+
+
+def grid_points(pairs, ranked, verifier, keep, highs, lows, cuts) -> list[Point]:
+    points = []
+    for hi in highs:
+        points.append(score(pairs, replay_all(ranked, hi, hi, None), keep, hi, hi, True, None))
+        for lo in lows:
+            if lo >= hi:
+                continue
+            for cut in cuts:
+                v = verifier.with_cut(cut, lo)
+                points.append(score(pairs, replay_all(ranked, hi, lo, v), keep, hi, lo, True, cut))
+    return points
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
@@ -232,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--z", type=float, default=1.0, help="one-sided Wilson z for the headline choice")
     ap.add_argument("--redis-server", default="redis-server")
     ap.add_argument("--results-dir", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--write-weights",
+        type=Path,
+        nargs="?",
+        const=DEFAULT_WEIGHTS,
+        help=f"save the tuning-half verifier with the headline cut (default path {DEFAULT_WEIGHTS.name})",
+    )
     args = ap.parse_args(argv)
 
     pairs = load_pairs(args.data)
@@ -243,20 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - t0
     stored = sorted({p.a for p in pairs})
     params = EngineRequestParams(max_tokens=64, temperature=0.0)
-    grid = [
-        (round(hi, 2), round(lo, 2))
-        for hi in np.arange(0.70, 0.9001, 0.01)
-        for lo in np.arange(0.60, hi + 0.001, 0.02)
-    ]
-    grid += [(hi, hi) for hi, _ in grid if (hi, hi) not in grid]
-    grid = sorted(set(grid))
     singles = [round(x, 2) for x in np.arange(0.50, 0.9901, 0.01)]
+    highs = [0.78, 0.80, 0.82, 0.84, 0.86]
+    lows = [round(x, 2) for x in np.arange(BASE_LOW, 0.7601, 0.02)]
+    cuts = [round(x, 2) for x in np.arange(0.30, 0.9601, 0.05)]
 
     with tempfile.TemporaryDirectory(prefix="bench-semcache-") as tmp:
         port = find_free_port()
         proc, _ = start_redis_server(args.redis_server, Path(tmp), port)
         try:
-            cache = SemanticResponseCache(f"redis://localhost:{port}/0", "bench-model", embedder)
+            cache = SemanticResponseCache(
+                f"redis://localhost:{port}/0", "bench-model", embedder, verifier=None
+            )
             t0 = time.perf_counter()
             stored_vecs = cache.embed_queries(stored)
             query_vecs = cache.embed_queries([p.b for p in pairs])
@@ -264,38 +356,70 @@ def main(argv: list[str] | None = None) -> int:
             for text, vec in zip(stored, stored_vecs):
                 if not cache.store(text, TENANT, params, f"answer to: {text}", embedding=vec):
                     raise RuntimeError("store failed against the bench's own redis-server")
-            t0 = time.perf_counter()
-            table = {(hi, lo): lookups(cache, pairs, query_vecs, hi, lo, True, params) for hi, lo in grid}
-            lookup_us = (time.perf_counter() - t0) * 1e6 / (len(grid) * len(pairs))
-            print(f"grid of {len(grid)} (threshold, low_threshold) points looked up", flush=True)
-            single = {
-                (t, g): lookups(cache, pairs, query_vecs, t, t, g, params)
-                for t in singles
-                for g in (True, False)
-            }
+            # every eligible entry >= BASE_LOW per query, guard verdicts and features filled in, through
+            # the cache's own ranking; each setting below replays them through the cache's own `select`
+            ranked = [
+                cache.candidates(p.b, TENANT, params, embedding=v, low_threshold=BASE_LOW)
+                for p, v in zip(pairs, query_vecs)
+            ]
+            everything = [True] * len(pairs)
+            tuning = [p.half == "tuning" for p in pairs]
+            held_out = [not t for t in tuning]
+            stored_half = {a: Pair(a, "", True, "", "").half for a in stored}
+            tuned_verifier = fit_verifier(
+                pairs,
+                stored,
+                stored_vecs,
+                query_vecs,
+                tuning,
+                lambda a: stored_half[a] == "tuning",
+                "tuning half (SHA-256 of 'a' even) of " + str(args.data.name),
+            )
+            tuned = grid_points(pairs, ranked, tuned_verifier, tuning, highs, lows, cuts)
+            headline_pick = choose(tuned, args.min_precision, args.z)
+            # the replay must be what lookup does: check the headline setting with real lookups
+            if headline_pick is not None:
+                cache.verifier = cut_of(tuned_verifier, headline_pick)
+                real = lookups(
+                    cache,
+                    pairs,
+                    query_vecs,
+                    headline_pick.threshold,
+                    headline_pick.low_threshold,
+                    True,
+                    params,
+                )
+                replay = replay_all(
+                    ranked, headline_pick.threshold, headline_pick.low_threshold, cache.verifier
+                )
+                if real != replay:
+                    raise RuntimeError("offline replay of select() differs from SemanticResponseCache.lookup")
+                t0 = time.perf_counter()
+                lookups(
+                    cache,
+                    pairs,
+                    query_vecs,
+                    headline_pick.threshold,
+                    headline_pick.low_threshold,
+                    True,
+                    params,
+                )
+                lookup_us = (time.perf_counter() - t0) * 1e6 / len(pairs)
+            else:
+                lookup_us = float("nan")
             stats = cache.snapshot()
             cache.close()
         finally:
             proc.terminate()
             proc.wait(timeout=10)
 
-    everything = [True] * len(pairs)
-    tuning = [p.half == "tuning" for p in pairs]
-    held_out = [not t for t in tuning]
+    def at(point: Point, keep: list[bool], verifier: Verifier | None = None) -> Point:
+        v = cut_of(verifier or tuned_verifier, point)
+        results = replay_all(ranked, point.threshold, point.low_threshold, v)
+        return score(pairs, results, keep, point.threshold, point.low_threshold, True, point.p_min)
 
-    def at(point: Point, keep: list[bool]) -> Point:
-        return score(
-            pairs,
-            table[(point.threshold, point.low_threshold)],
-            keep,
-            point.threshold,
-            point.low_threshold,
-            True,
-        )
-
-    tuned = [score(pairs, results, tuning, hi, lo, True) for (hi, lo), results in table.items()]
     choices = {
-        f"Wilson lower bound (z={args.z:g})": choose(tuned, args.min_precision, args.z),
+        f"Wilson lower bound (z={args.z:g})": headline_pick,
         "point estimate": choose(tuned, args.min_precision, 0.0),
     }
     report: dict[str, dict] = {}
@@ -315,28 +439,33 @@ def main(argv: list[str] | None = None) -> int:
         report[name] = {
             "threshold": point.threshold,
             "low_threshold": point.low_threshold,
+            "p_min": point.p_min,
             **{k: v.row() for k, v in subsets.items()},
             "_points": subsets,
         }
 
-    folds = []  # k-fold: tune on the other folds with the headline rule, measure on this one
+    folds = []  # k-fold: fit the verifier and pick the setting on 4/5 (queries and stored), measure on 1/5
     pooled = Counter()
     for fold in range(FOLDS):
         test = [p.bucket % FOLDS == fold for p in pairs]
         train = [not t for t in test]
-        best = choose(
-            [score(pairs, r, train, hi, lo, True) for (hi, lo), r in table.items()],
-            args.min_precision,
-            args.z,
+        fold_of = {a: Pair(a, "", True, "", "").bucket % FOLDS for a in stored}
+        v = fit_verifier(
+            pairs, stored, stored_vecs, query_vecs, train, lambda a, f=fold: fold_of[a] != f, f"fold {fold}"
         )
+        best = choose(grid_points(pairs, ranked, v, train, highs, lows, cuts), args.min_precision, args.z)
         if best is None:
             folds.append({"fold": fold, "chosen": None})
             continue
-        measured = score(
-            pairs, table[(best.threshold, best.low_threshold)], test, best.threshold, best.low_threshold, True
-        )
+        measured = at(best, test, v)
         folds.append(
-            {"fold": fold, "threshold": best.threshold, "low_threshold": best.low_threshold, **measured.row()}
+            {
+                "fold": fold,
+                "threshold": best.threshold,
+                "low_threshold": best.low_threshold,
+                "p_min": best.p_min,
+                **measured.row(),
+            }
         )
         pooled.update(
             hits=measured.hits,
@@ -350,7 +479,18 @@ def main(argv: list[str] | None = None) -> int:
         "hits": pooled["hits"],
         "folds": folds,
     }
+    if args.write_weights and headline_pick is not None:
+        cut_of(tuned_verifier, headline_pick).save(args.write_weights)
+        print(f"wrote {args.write_weights}")
 
+    single = {
+        (t, g): [
+            None if r is None else (r[0].prompt, r[1])
+            for r in (select(c, t, t, None, n, g) for c, n in ranked)
+        ]
+        for t in singles
+        for g in (True, False)
+    }
     sweep = [score(pairs, r, everything, t, t, g) for (t, g), r in single.items()]
     headline_name = next(iter(choices))
     headline = choices[headline_name]
@@ -366,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         lines.append(
             f"- chosen by the {name}: threshold **{entry['threshold']:.2f}**, low_threshold "
-            f"**{entry['low_threshold']:.2f}**"
+            f"**{entry['low_threshold']:.2f}**, verifier p_min **{entry['p_min']}**"
         )
         for subset, point in entry["_points"].items():
             lines.append(f"  - {subset}: {point.line()}")
@@ -377,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         "halves": dict(Counter(p.half for p in pairs)),
         "stored_entries": len(stored),
         "min_precision": args.min_precision,
-        "low_band_max_overlap": LOW_BAND_MAX_OVERLAP,
+        "verifier_tuning_half": json.loads(tuned_verifier.to_json()),
+        "grid": {"thresholds": highs, "low_thresholds": lows, "p_min": cuts},
         "headline_rule": headline_name,
         "headline_held_out": held.row() if held else None,
         "full_set_at_headline": full.row() if full else None,
@@ -416,11 +557,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     data_name = args.data.relative_to(REPO_ROOT) if args.data.is_relative_to(REPO_ROOT) else args.data
     headline_line = (
-        f"Headline (held-out half, thresholds {headline.threshold:.2f} / {headline.low_threshold:.2f} "
+        f"Headline (held-out half, thresholds {headline.threshold:.2f} / {headline.low_threshold:.2f}, "
+        f"p_min {headline.p_min} "
         f"chosen on the tuning half by the {headline_name}): {held.line()}."
         if headline and held
         else f"No grid point reaches precision {args.min_precision} on the tuning half."
     )
+    fold_settings = [(f.get("threshold"), f.get("low_threshold"), f.get("p_min")) for f in folds]
     md = (
         f"# semantic cache ({args.tag})\n\n- command: `{meta['command']}`\n- machine: {meta['machine']}\n"
         f"- date: {stamp}\n- data: {data_name} ({len(pairs)} pairs: {dict(kinds)}; {dict(sources)}: the "
@@ -432,16 +575,20 @@ def main(argv: list[str] | None = None) -> int:
         "- a hit counts as correct only when it returns the labeled true paraphrase; anything else is wrong\n"
         f"- halves by SHA-256 of 'a': {dict(Counter(p.half for p in pairs))}; thresholds are chosen on the "
         "tuning half (max hit rate with precision >= "
-        f"{args.min_precision}), from a grid of (threshold, low_threshold); the lower band also needs "
-        f"content-word overlap <= {LOW_BAND_MAX_OVERLAP}\n"
+        f"{args.min_precision}), from a grid of (threshold, low_threshold, p_min); in the lower band "
+        "[low_threshold, threshold) the top guard-passing candidates must also be accepted by the "
+        "verifier (cache/semantic_verifier.py: logistic regression on cosine, margin over the next "
+        "entry, content-word overlap, question word, length ratio), fitted on the tuning half only "
+        f"({tuned_verifier.fitted_on}); the k-fold refits it on each 4/5\n"
         f"- model load {load_s:.1f} s, embedding {embed_ms:.1f} ms/text (batched, CPU), lookup "
-        f"{lookup_us:.0f} us with a precomputed embedding (Redis version check + cosine + guard)\n\n"
+        f"{lookup_us:.0f} us with a precomputed embedding "
+        "(Redis version check + cosine + guard + verifier)\n\n"
         f"Issue targets on the held-out half (precision >= 0.97 with hit rate >= 0.60): "
         f"{'met' if targets_met else 'NOT met'}.\n\n{headline_line}\n\n"
         + "\n".join(lines)
         + f"\n\n{FOLDS}-fold estimate (tune on 4/5 by the {headline_name}, measure on 1/5, pooled): "
         f"precision {kfold['precision']}, hit rate {kfold['hit_rate']} ({kfold['hits']} hits); "
-        f"per-fold thresholds {[(f.get('threshold'), f.get('low_threshold')) for f in folds]}.\n\n"
+        f"per-fold (threshold, low_threshold, p_min) {fold_settings}.\n\n"
         "Single threshold (low band off), full set, guard on and off:\n\n"
         f"{md_sweep}\n\n![plot](semantic-cache-{args.tag}.png)\n"
     )

@@ -20,9 +20,12 @@ So a match must pass three checks besides the cosine threshold:
 
 Queries are normalised before embedding (``normalize_question``: case, contractions, preambles such
 as "can you tell me", one "how do i" opener, punctuation), which moves paraphrases closer. A lower
-cosine band [low_threshold, threshold) can be opened, in which a guard-passing entry must also share
-at most ``LOW_BAND_MAX_OVERLAP`` of its content words; bench/semantic_cache.py tunes both thresholds
-on one half of the paraphrase set and reports the other half.
+cosine band [low_threshold, threshold) is open when the shipped verifier weights load
+(cache/semantic_verifier.py: a logistic regression on cosine, margin over the next entry and lexical
+features, run on the top guard-passing band candidates only; without weights the band falls back to the
+older rule, content-word overlap <= ``LOW_BAND_MAX_OVERLAP``, and is closed by default);
+bench/semantic_cache.py fits the verifier and picks the thresholds on one half of the paraphrase set and
+reports the other half.
 
 Stored per (model fingerprint, tenant): the prompt, the completion, the embedding (float32 bytes) and
 the signature, with a checksum over all of them and the tenant. A tenant's lookups read only that
@@ -39,6 +42,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import logging
 import os
 import re
 import time
@@ -57,7 +61,10 @@ from cache.response_cache import (
     sha256_hex,
     tenant_tag,
 )
+from cache.semantic_verifier import DEFAULT_WEIGHTS, VERIFIER_TOP_K, Verifier, pair_features
 from scheduler.messages import EngineRequestParams
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 KEY_PREFIX = "llm:resp:sem:v2"  # v2: embeddings of normalize_question(prompt); v1 vectors do not compare
@@ -548,7 +555,9 @@ class SemanticCacheStats:
     corrupt: int = 0  # entries that failed validation (deleted)
     uncacheable: int = 0  # temperature > 0 without a seed
     guard_rejections: int = 0  # candidates above the threshold that the guard or signature turned down
-    low_band_rejections: int = 0  # guard-passing candidates of the lower band that share too many words
+    low_band_rejections: int = 0  # lower-band candidates turned down without scoring (overlap rule, too
+    # few entries for the verifier, or past its top-k)
+    verifier_rejections: int = 0  # lower-band candidates the verifier scored below its cut
     stores: int = 0
     evictions: int = 0
 
@@ -559,7 +568,7 @@ class SemanticHit:
     answer: str  # its completion (generated text only)
     score: float  # cosine similarity
     entry_id: str
-    band: str = "high"  # "low": accepted below `threshold` by the stricter lower-band check
+    band: str = "high"  # "verified" / "low": accepted below `threshold` by the verifier / overlap rule
 
     def output_text(self, prompt: str, params: EngineRequestParams) -> str:
         """What the client should receive: the current prompt in front unless it asked to exclude it."""
@@ -576,6 +585,113 @@ class _TenantMatrix:
     created: np.ndarray
     matrix: np.ndarray  # (n, dim) float32, unit rows
     features: dict[int, QuestionFeatures] = field(default_factory=dict)  # filled lazily
+    sig_masks: dict[str, np.ndarray] = field(default_factory=dict)  # signature -> rows with it
+
+
+class _Query:
+    """The query's guard features and normal form, computed once and only when a candidate needs them."""
+
+    def __init__(self, prompt: str):
+        self.prompt = prompt
+        self._features: QuestionFeatures | None = None
+        self._normalized: str | None = None
+
+    @property
+    def features(self) -> QuestionFeatures:
+        if self._features is None:
+            self._features = extract_features(self.prompt)
+        return self._features
+
+    @property
+    def normalized(self) -> str:
+        if self._normalized is None:
+            self._normalized = normalize_question(self.prompt)
+        return self._normalized
+
+
+_GUARD = QuestionGuard()
+
+
+class Candidate:
+    """One eligible stored entry for a query: its cosine, its margin over the best other eligible entry,
+    and (lazily) the guard's verdict and the verifier's features."""
+
+    __slots__ = ("index", "score", "margin", "query", "matrix", "_verdict", "_x")
+
+    def __init__(self, index: int, score: float, margin: float, query: _Query, matrix: _TenantMatrix):
+        self.index, self.score, self.margin, self.query, self.matrix = index, score, margin, query, matrix
+        self._verdict: GuardVerdict | None = None
+        self._x: np.ndarray | None = None
+
+    @property
+    def prompt(self) -> str:
+        return self.matrix.prompts[self.index]
+
+    def entry_features(self) -> QuestionFeatures:
+        feats = self.matrix.features.get(self.index)
+        if feats is None:
+            feats = self.matrix.features[self.index] = extract_features(self.prompt)
+        return feats
+
+    def verdict(self) -> GuardVerdict:
+        if self._verdict is None:
+            self._verdict = _GUARD.check(self.query.features, self.entry_features())
+        return self._verdict
+
+    def features(self) -> np.ndarray:
+        if self._x is None:
+            self._x = pair_features(
+                self.score,
+                self.margin,
+                self.query.features.content,
+                self.entry_features().content,
+                self.query.normalized,
+                normalize_question(self.prompt),
+            )
+        return self._x
+
+
+def select(
+    candidates,
+    high: float,
+    low: float,
+    verifier: Verifier | None,
+    n_eligible: int,
+    use_guard: bool = True,
+    count=lambda name, n=1: None,
+) -> tuple[Candidate, str] | None:
+    """The lookup decision over candidates in descending cosine: the first one that passes the guard and
+    has cosine >= ``high`` ("high"), or lies in [``low``, ``high``) and is accepted by the verifier
+    ("verified"; only the first ``VERIFIER_TOP_K`` band candidates are scored, and only when the tenant
+    has at least ``verifier.min_entries`` eligible entries) or, without a verifier, shares at most
+    ``LOW_BAND_MAX_OVERLAP`` of its content words ("low"). ``use_guard=False`` (ablation): ``high`` only."""
+    scored = 0
+    for cand in candidates:
+        if not use_guard:
+            if cand.score >= high:
+                return cand, "high"
+            continue
+        if cand.score < min(low, high):
+            break
+        if not cand.verdict().ok:
+            count("guard_rejections")
+            continue
+        if cand.score >= high:
+            return cand, "high"
+        if verifier is not None:
+            if n_eligible < verifier.min_entries or scored >= VERIFIER_TOP_K:
+                count("low_band_rejections")
+                continue
+            scored += 1
+            if verifier.accepts(cand.features()):
+                return cand, "verified"
+            count("verifier_rejections")
+            continue
+        if content_overlap(cand.query.features, cand.entry_features()) > LOW_BAND_MAX_OVERLAP:
+            count("low_band_rejections")
+            continue
+        return cand, "low"
+    return None
 
 
 class SemanticResponseCache(RedisCacheBase):
@@ -593,14 +709,28 @@ class SemanticResponseCache(RedisCacheBase):
         max_cached_tenants: int = 64,
         dim: int = 384,
         breaker: CircuitBreaker | None = None,
+        verifier: Verifier | None | str = "default",
     ):
         """``use_guard=False`` exists for the benchmark's ablation only; never serve without it (the
-        lower band needs the guard, so without it only ``threshold`` counts)."""
+        lower band needs the guard, so without it only ``threshold`` counts).
+
+        ``verifier``: "default" loads the shipped weights (``cache/semantic_verifier.json``; if they are
+        missing or of another version the band falls back to the overlap rule); None disables it.
+        ``low_threshold`` None: the verifier's own band bottom, or ``threshold`` (band closed) without one."""
         super().__init__(redis_url, timeout_s, breaker, SemanticCacheStats())
         self.fingerprint = fingerprint
         self.embedder = embedder
         self.threshold = float(threshold)
-        self.low_threshold = self.threshold if low_threshold is None else min(float(low_threshold), threshold)
+        if verifier == "default":
+            try:
+                verifier = Verifier.load(DEFAULT_WEIGHTS)
+            except (OSError, ValueError) as exc:
+                logger.warning("semantic cache: verifier weights not loaded (%s); lower band closed", exc)
+                verifier = None
+        self.verifier: Verifier | None = verifier
+        if low_threshold is None:
+            low_threshold = verifier.low_threshold if verifier is not None else self.threshold
+        self.low_threshold = min(float(low_threshold), self.threshold)
         self.max_entries = int(max_entries_per_tenant)
         self.ttl_s = int(ttl_s)
         self.use_guard = use_guard
@@ -694,9 +824,53 @@ class SemanticResponseCache(RedisCacheBase):
         low_threshold: float | None = None,
     ) -> SemanticHit | None:
         """The best entry of this tenant with the same signature that passes the guard and either has
-        cosine >= threshold or, in the lower band [low_threshold, threshold), shares few content words.
+        cosine >= threshold or, in the lower band [low_threshold, threshold), is accepted by the verifier
+        (or, without one, shares few content words): see ``select``.
 
         ``embedding``, when given, is the query's embedding as ``embed_queries`` makes it."""
+        ranked = self._ranked(prompt, tenant, params, embedding, threshold, low_threshold)
+        if ranked is None:
+            return None
+        candidates, n_eligible, high, low = ranked
+        chosen = select(
+            candidates,
+            high,
+            low,
+            self.verifier if self.use_guard else None,
+            n_eligible,
+            self.use_guard,
+            self._count,
+        )
+        if chosen is None:
+            self._count("misses")
+            return None
+        cand, band = chosen
+        self._count("hits")
+        tm = cand.matrix
+        return SemanticHit(
+            tm.prompts[cand.index], tm.answers[cand.index], cand.score, tm.ids[cand.index], band
+        )
+
+    def candidates(
+        self,
+        prompt: str,
+        tenant: str,
+        params: EngineRequestParams,
+        embedding: np.ndarray | None = None,
+        low_threshold: float = 0.0,
+    ) -> tuple[list[Candidate], int]:
+        """Every eligible entry at or above ``low_threshold`` in the order ``lookup`` sees them, guard
+        verdicts and verifier features filled in, and the number of eligible entries: what the benchmark
+        replays through ``select`` for many settings without a lookup each."""
+        ranked = self._ranked(prompt, tenant, params, embedding, 1.0, low_threshold)
+        if ranked is None:
+            return [], 0
+        cands = list(ranked[0])
+        for c in cands:
+            c.verdict(), c.features()
+        return cands, ranked[1]
+
+    def _ranked(self, prompt, tenant, params, embedding, threshold, low_threshold):
         if not is_deterministic(params):
             self._count("uncacheable")
             return None
@@ -707,37 +881,32 @@ class SemanticResponseCache(RedisCacheBase):
         if tm is None:
             return None
         if not tm.ids:
-            self._count("misses")
-            return None
+            return iter(()), 0, 1.0, 1.0
         vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
         high = self.threshold if threshold is None else float(threshold)
         low = self.low_threshold if low_threshold is None else float(low_threshold)
         limit = min(low, high) if self.use_guard else high
         scores = tm.matrix @ vec
-        fresh = tm.created >= time.time() - self.ttl_s
-        order = [int(i) for i in np.argsort(-scores) if scores[i] >= limit and fresh[i]]
         sig = self.signature(params)
-        query_features: QuestionFeatures | None = None
-        for i in order:
-            if tm.sigs[i] != sig:
-                continue
-            if self.use_guard:
-                if query_features is None:
-                    query_features = extract_features(prompt)
-                feats = tm.features.get(i)
-                if feats is None:
-                    feats = tm.features[i] = extract_features(tm.prompts[i])
-                if not self.guard.check(query_features, feats).ok:
-                    self._count("guard_rejections")
-                    continue
-                if scores[i] < high and content_overlap(query_features, feats) > LOW_BAND_MAX_OVERLAP:
-                    self._count("low_band_rejections")
-                    continue
-            self._count("hits")
-            band = "high" if scores[i] >= high else "low"
-            return SemanticHit(tm.prompts[i], tm.answers[i], float(scores[i]), tm.ids[i], band)
-        self._count("misses")
-        return None
+        mask = tm.sig_masks.get(sig)
+        if mask is None:
+            mask = tm.sig_masks[sig] = np.fromiter((s == sig for s in tm.sigs), bool, len(tm.sigs))
+        eligible = mask & (tm.created >= time.time() - self.ttl_s)
+        n_eligible = int(eligible.sum())
+        masked = np.where(eligible, scores, -np.inf)
+        top2 = np.argsort(-masked)[:2]
+        order = [int(i) for i in np.argsort(-masked) if masked[i] >= limit]
+        query = _Query(prompt)
+
+        def gen():
+            for i in order:
+                if i == top2[0]:
+                    other = masked[top2[1]] if len(top2) > 1 else -np.inf
+                else:
+                    other = masked[top2[0]]
+                yield Candidate(i, float(scores[i]), float(scores[i] - other), query, tm)
+
+        return gen(), n_eligible, high, low
 
     # -- internals -------------------------------------------------------------------------------
 

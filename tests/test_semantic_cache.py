@@ -144,7 +144,10 @@ def _at_cosine(base: np.ndarray, other: np.ndarray, cosine: float) -> np.ndarray
 
 
 def test_the_lower_band_accepts_differently_worded_questions_only(redis_server, embedder):
-    c = SemanticResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", embedder, threshold=0.8)
+    # without verifier weights the band falls back to the content-word overlap rule
+    c = SemanticResponseCache(
+        redis_server, f"fp-{uuid.uuid4().hex[:8]}", embedder, threshold=0.8, verifier=None
+    )
     rng = np.random.default_rng(0)
     base = rng.standard_normal(384).astype(np.float32)
     base /= np.linalg.norm(base)
@@ -164,7 +167,9 @@ def test_the_lower_band_accepts_differently_worded_questions_only(redis_server, 
     c.use_guard = False  # the ablation: cosine only, so no lower band either
     assert c.lookup(reworded, "t", GREEDY, embedding=near, low_threshold=0.7) is None
     assert (
-        SemanticResponseCache(redis_server, "fp", embedder, threshold=0.8, low_threshold=0.9).low_threshold
+        SemanticResponseCache(
+            redis_server, "fp", embedder, threshold=0.8, low_threshold=0.9, verifier=None
+        ).low_threshold
         == 0.8
     )
     c.close()
