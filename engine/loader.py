@@ -212,6 +212,7 @@ def load_engine(
     pools = [(pool.capacity, pool.slots) for pool in plan.kv.pools]
     runner = ModelRunner(model, plan.slots, max_len, buckets, pools)
     runner.use_cuda_graphs = config.cuda_graphs and runner.device.type == "cuda"
+    runner.use_prefill_graphs = runner.use_cuda_graphs and config.prefill_graphs
     decoder = TokenDecoder.from_model_dir(model_dir)
     tiers = (TierTable.load(config.tiers_file) if config.tiers_file else TierTable.defaults()).for_device(
         config.device

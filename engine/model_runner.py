@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from engine.prefill_graphs import PrefillGraphs
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -113,6 +116,8 @@ class ModelRunner:
         self._graph_pool = None
         self._graph_tokens = self._graph_positions = None
         self.use_cuda_graphs = False
+        self.use_prefill_graphs = False
+        self.prefill_graphs = PrefillGraphs(self)
         self._compiled_decode = None
         self.compiled_buckets: set[int] = set()
         self.compile_fallbacks = 0  # compiled-bucket steps that ran eagerly (a guard failed)
@@ -138,6 +143,17 @@ class ModelRunner:
         """Every slot at the last position a `kv_len` decode step reaches in its pool (dummy steps)."""
         last = [min(kv_len, pool.capacity) - 1 for pool in self.pools for _ in range(pool.slots)]
         return torch.tensor(last, dtype=torch.long, device=self.device)
+
+    def graph_pool(self):
+        """One memory pool for every CUDA graph (decode and prefill): they never replay concurrently."""
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return self._graph_pool
+
+    def slot_cache(self, slot: int) -> tuple[torch.Tensor, int]:
+        """The pool tensor holding `slot` and the slot's index in it."""
+        pool, local = self._slot_pool[slot]
+        return pool.cache, local
 
     def slot_capacity(self, slot: int) -> int:
         return self._slot_pool[slot][0].capacity
@@ -177,11 +193,14 @@ class ModelRunner:
         """
         new = token_ids[start:]
         padded_len = min(padded_len, self.slot_capacity(slot) - start)
+        logits = self.prefill_graphs.replay(slot, new, padded_len, start)
+        if logits is not None:
+            return logits
         ids = torch.zeros((1, padded_len), dtype=torch.long, device=self.device)
         ids[0, : len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + padded_len, device=self.device).unsqueeze(0)
-        hidden = self._layers(ids, positions, self._prefill_attention(slot, start, padded_len))
-        return self._logits(hidden[:, len(new) - 1])[0]
+        hidden = self.run_layers(ids, positions, self._prefill_attention(slot, start, padded_len))
+        return self.logits(hidden[:, len(new) - 1])[0]
 
     def read_blocks(self, slot: int, count: int, block_size: int) -> torch.Tensor:
         """The slot's first `count` blocks as [count, layers, 2, kv_heads, block_size, head_dim]."""
@@ -276,8 +295,7 @@ class ModelRunner:
         """Record the decode step for `kv_len` as a CUDA graph (all buckets share one memory pool)."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
+        if self._graph_tokens is None:
             with torch.inference_mode(False):  # ordinary tensors, as compile_decode compiled for
                 self._graph_tokens = torch.zeros(self.slots, dtype=torch.long, device=self.device)
                 self._graph_positions = torch.zeros(self.slots, dtype=torch.long, device=self.device)
@@ -289,7 +307,7 @@ class ModelRunner:
                 step(self._graph_tokens, self._graph_positions, kv_len)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
+        with torch.cuda.graph(graph, pool=self.graph_pool()):
             self._graph_logits[kv_len] = step(self._graph_tokens, self._graph_positions, kv_len)
         self._graphs[kv_len] = graph
 
@@ -301,14 +319,16 @@ class ModelRunner:
         visible = torch.arange(kv_len, device=self.device).unsqueeze(0) <= pos
         mask = visible[:, None, None, :]
         attend = self._decode_attention(pos.view(-1), kv_len, mask, opaque_kv_write)
-        hidden = self._layers(ids, pos, attend)
-        return self._logits(hidden[:, -1])
+        hidden = self.run_layers(ids, pos, attend)
+        return self.logits(hidden[:, -1])
 
     def warm_shape(self, kind: str, bucket: int) -> None:
         """Run one kernel shape with dummy data: a prefill padded to `bucket` (into slot 0) or a
         decode step over `bucket` keys (captured as a CUDA graph when `use_cuda_graphs`). Only for
         warmup: it overwrites slot contents."""
-        if kind == "prefill":
+        if kind == "prefill" and self.use_prefill_graphs:
+            self.prefill_graphs.capture(bucket)
+        elif kind == "prefill":
             self.prefill(self.widest_slot, [1] * min(bucket, self.max_len - 1), bucket)
         elif self.use_cuda_graphs:
             self.capture_decode_graph(bucket)
@@ -317,30 +337,29 @@ class ModelRunner:
             self.decode(tokens, self.last_positions(bucket), bucket)
 
     def _prefill_attention(self, slot: int, start: int, padded_len: int):
+        """Causal attention for the new tokens; after a reused prefix (`start` > 0) the queries sit
+        at the end of the keys, which `causal_lower_right` expresses without a materialized mask, so
+        CUDA runs it with the flash kernel (heads expanded: flash takes equal head counts)."""
         pool, local = self._slot_pool[slot]
         cache = pool.cache
         end = start + padded_len
         gqa = self.kv_heads != self.num_heads
-        mask = None
-        if start:
-            keys_at = torch.arange(end, device=self.device)
-            queries_at = torch.arange(start, end, device=self.device)
-            mask = (keys_at[None, :] <= queries_at[:, None])[None, None]
+        offset = causal_lower_right(padded_len, end) if start else None
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache[layer, 0, local, :, start:end] = k[0]
             cache[layer, 1, local, :, start:end] = v[0]
-            if mask is None:
+            if offset is None:
                 return F.scaled_dot_product_attention(
                     q, k, v, is_causal=True, scale=self.scaling, enable_gqa=gqa
                 )
-            keys = self._expand_heads(cache[layer, 0, local, :, :end].unsqueeze(0))
-            values = self._expand_heads(cache[layer, 1, local, :, :end].unsqueeze(0))
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+            keys = self.expand_heads(cache[layer, 0, local, :, :end].unsqueeze(0))
+            values = self.expand_heads(cache[layer, 1, local, :, :end].unsqueeze(0))
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=offset, scale=self.scaling)
 
         return attend
 
-    def _expand_heads(self, kv: torch.Tensor) -> torch.Tensor:
+    def expand_heads(self, kv: torch.Tensor) -> torch.Tensor:
         """Repeat KV heads for grouped-query attention. Under an explicit mask, SDPA's GQA mode falls
         back to the math kernel (every score materialized: ~5 ms on a 3.5k-token prefix on the
         H200); with expanded heads the memory-efficient kernel takes the mask."""
@@ -379,7 +398,7 @@ class ModelRunner:
 
         return attend
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+    def run_layers(self, ids: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
         hidden = self.decoder.embed_tokens(ids)
         cos, sin = self.decoder.rotary_emb(hidden, positions)
         batch, steps = ids.shape
@@ -398,5 +417,5 @@ class ModelRunner:
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.decoder.norm(hidden)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden).float()

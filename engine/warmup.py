@@ -71,6 +71,8 @@ class WarmupReport:
     plan: dict = field(default_factory=dict)
     deferred: list[str] = field(default_factory=list)
     cuda_graph_buckets: list[int] = field(default_factory=list)
+    prefill_graph_buckets: list[int] = field(default_factory=list)
+    suffix_graph_buckets: list[int] = field(default_factory=list)  # prefills after a prefix-cache hit
     prefill_loaded: int = 0
     prefill_deferred: int = 0
     failures: list[dict] = field(default_factory=list)
@@ -287,6 +289,8 @@ def run_warmup(
     report.kv_buckets = list(runner.kv_buckets)
     report.deferred = [f"{kind}:{bucket}" for kind, bucket in engine.deferred_shapes]
     report.cuda_graph_buckets = list(runner.graph_buckets)
+    report.prefill_graph_buckets = list(runner.prefill_graphs.buckets)
+    report.suffix_graph_buckets = list(runner.prefill_graphs.suffix_buckets)
     if report.compile:  # steps of compiled buckets that ran eagerly during warmup (a guard failed): 0
         report.compile["fallback_steps"] = runner.compile_fallbacks
     report.total_seconds = (time.perf_counter_ns() - started) / 1e9

@@ -296,3 +296,12 @@ def test_queue_policies_order_the_same_arrivals_differently(model, policy, expec
         engine.submit(item)
     run_until_idle(engine)
     assert order == ["blocker", *expected]
+
+
+def test_prefill_after_a_reused_prefix_matches_a_whole_prefill(model):
+    runner = ModelRunner(model, slots=2, max_len=128, kv_buckets=BUCKETS)
+    prompt = list(range(1, 60))
+    whole = runner.prefill(0, prompt, 64)
+    runner.write_blocks(1, runner.read_blocks(0, 5, 8))
+    suffix = runner.prefill(1, prompt, 32, start=40)
+    torch.testing.assert_close(suffix, whole, atol=1e-4, rtol=1e-4)

@@ -48,3 +48,44 @@ def test_warmup_stages_carry_cuda_event_times_beside_host_times(model):
     report = run_warmup(engine, enabled=True)
     for stage in report.stages:
         assert stage.device_seconds is not None and 0 <= stage.device_seconds <= stage.seconds * 1.05
+
+
+@pytest.mark.parametrize("pools", [None, [(64, 2), (256, 2)]], ids=["one-pool", "length-classes"])
+def test_prefill_graph_replay_matches_eager_prefill(model, pools):
+    eager = ModelRunner(model, slots=4, max_len=256, kv_buckets=(16, 64), pools=pools)
+    graphed = ModelRunner(model, slots=4, max_len=256, kv_buckets=(16, 64), pools=pools)
+    graphed.prefill_graphs.capture(64)
+    assert graphed.prefill_graphs.buckets == (64,)
+    assert graphed.prefill_graphs.suffix_buckets == ()  # fp32: flash attention has no fp32 kernel
+    for slot, prompt in ((1, [1, 5, 9, 30, 31]), (3, list(range(1, 50))), (0, [1, 2, 3])):
+        expected = eager.prefill(slot, prompt, 64)
+        torch.randn(4096, device="cuda")  # freed memory gets reused: a graph must own its inputs
+        replays = graphed.prefill_graphs.replays
+        replayed = graphed.prefill(slot, prompt, 64)
+        assert graphed.prefill_graphs.replays == replays + 1
+        torch.testing.assert_close(replayed, expected, atol=1e-4, rtol=1e-4)
+        blocks = len(prompt) // 16
+        torch.testing.assert_close(graphed.read_blocks(slot, blocks, 16), eager.read_blocks(slot, blocks, 16))
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "suffix-graph"])
+def test_prefill_after_a_reused_prefix_matches_a_whole_prefill(model, graphs):
+    """Lower-right causal alignment after a reused prefix (eager: flash with causal_lower_right;
+    graph: flash varlen over the staging buffer, bf16 as served) against one whole prefill."""
+    model = model.to(torch.bfloat16)
+    runner = ModelRunner(model, slots=2, max_len=256, kv_buckets=(16, 64))
+    if graphs:
+        for bucket in (32, 64):
+            runner.prefill_graphs.capture(bucket)
+        assert runner.prefill_graphs.suffix_buckets == (32, 64)
+    prompt = list(range(1, 90))
+    whole = runner.prefill(0, prompt, 128)
+    for start, padded in ((64, 32), (48, 64)):
+        runner.write_blocks(1, runner.read_blocks(0, start // 16, 16))
+        suffix = runner.prefill(1, prompt, padded, start=start)
+        torch.testing.assert_close(suffix, whole, atol=3e-2, rtol=3e-2)
+        assert int(suffix.argmax()) == int(whole.argmax())
+        torch.testing.assert_close(
+            runner.read_blocks(1, 5, 16), runner.read_blocks(0, 5, 16), atol=3e-2, rtol=3e-2
+        )
+    assert runner.prefill_graphs.replays == (2 if graphs else 0)
