@@ -50,7 +50,8 @@ class EngineConfig:
     min_batch_size: int = 2
     warmup_budget_s: float = 0.0
     cuda_graphs: bool = True
-    prefill_graphs: bool = True  # with cuda_graphs: whole-prompt prefills per bucket as CUDA graphs too
+    prefill_graphs: bool = True  # with cuda_graphs: prefills per bucket as CUDA graphs too
+    prefill_graph_budget_s: float = 0.6  # warmup time for prefill graphs; the rest is captured when idle
     compile: bool = False  # torch.compile the decode step per KV bucket during warmup
     compile_cache_dir: str = "/tmp/llm-compile-cache"  # keyed per model version inside (compile_cache.py)
     tiers_file: str = ""

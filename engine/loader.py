@@ -277,6 +277,7 @@ def load_engine(
         prefill_budget_s=config.prefill_budget_s,
         compile_cache=compile_cache,
         l3_prefetch=config.l3_prefetch,
+        graph_budget_s=config.prefill_graph_budget_s,
     )
     report.stages.insert(0, StageTiming("plan", plan_seconds, len(plan.histogram)))
     report.failures[:0] = plan.failures + template_failures + compile_failures

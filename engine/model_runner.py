@@ -303,12 +303,12 @@ class ModelRunner:
         side.wait_stream(torch.cuda.current_stream(self.device))
         step = self._decode_step(kv_len)
         with torch.cuda.stream(side):
-            for _ in range(2):
-                step(self._graph_tokens, self._graph_positions, kv_len)
+            step(self._graph_tokens, self._graph_positions, kv_len)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graph_pool()):
             self._graph_logits[kv_len] = step(self._graph_tokens, self._graph_positions, kv_len)
+        graph.replay()  # the first launch uploads the graph: not on a request's time
         self._graphs[kv_len] = graph
 
     def _decode_eager(
@@ -323,10 +323,11 @@ class ModelRunner:
         return self.logits(hidden[:, -1])
 
     def warm_shape(self, kind: str, bucket: int) -> None:
-        """Run one kernel shape with dummy data: a prefill padded to `bucket` (into slot 0) or a
-        decode step over `bucket` keys (captured as a CUDA graph when `use_cuda_graphs`). Only for
-        warmup: it overwrites slot contents."""
-        if kind == "prefill" and self.use_prefill_graphs:
+        """Run one kernel shape with dummy data: a prefill padded to `bucket` (into the widest slot),
+        the prefill graphs of `bucket` ("prefill_graph"), or a decode step over `bucket` keys
+        (captured as a CUDA graph when `use_cuda_graphs`). Only for warmup or an idle engine: it
+        overwrites slot contents."""
+        if kind == "prefill_graph":
             self.prefill_graphs.capture(bucket)
         elif kind == "prefill":
             self.prefill(self.widest_slot, [1] * min(bucket, self.max_len - 1), bucket)

@@ -115,12 +115,12 @@ class PrefillGraphs:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            for _ in range(2):
-                step()
+            step()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=runner.graph_pool()):
             logits = step()
+        graph.replay()  # the first launch uploads the graph: not on a request's time
         return _Captured(graph, ids, offsets, start, keys_used, last, logits, tuple(bounds))
 
     def _whole_attention(self, bucket: int):

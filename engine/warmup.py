@@ -131,6 +131,25 @@ def shape_order(buckets: tuple[int, ...], histogram: Mapping[int, int] | None) -
     return sorted(buckets, key=lambda b: (-mass[b], b))
 
 
+def capture_prefill_graphs(engine: Engine, order: list[int], deadline: float, report: WarmupReport) -> int:
+    """CUDA graphs of the prefill buckets, most-used first, until `deadline`; the rest is captured
+    in the background while the engine is idle. Every bucket is already warm eager, so a bucket
+    without its graph yet is slower (launch overhead) but never cold."""
+    captured = 0
+    for bucket in order:
+        if time.perf_counter() >= deadline:
+            engine.deferred_shapes.append(("prefill_graph", bucket))
+            continue
+        try:
+            engine.runner.warm_shape("prefill_graph", bucket)
+            captured += 1
+        except Exception as exc:  # that bucket replays eager
+            report.failures.append(
+                {"stage": f"prefill_graph:{bucket}", "error": f"{type(exc).__name__}: {exc}"}
+            )
+    return captured
+
+
 def prefill_templates(
     engine: Engine, hot_prefixes: list[tuple[list[int], str]], budget_s: float, report: WarmupReport
 ) -> int:
@@ -177,6 +196,7 @@ def run_warmup(
     prefill_budget_s: float = 0.3,
     compile_cache: CompileCache | None = None,
     l3_prefetch: bool = True,
+    graph_budget_s: float = float("inf"),
 ) -> WarmupReport:
     """Warm every shape within `budget_s` (0: no budget); what does not fit is left in
     `engine.deferred_shapes` for the engine to warm in the background while idle. A failing step
@@ -185,6 +205,9 @@ def run_warmup(
     With `compile_cache`, the stage "compile" comes first (the decode warm-up and CUDA-graph capture
     then run the compiled step) and spends the same budget; a bucket it does not reach stays eager
     (it is never compiled later: a compile takes seconds and would stall live traffic).
+
+    Prefill CUDA graphs (`runner.use_prefill_graphs`) are captured after every shape is warm eager,
+    within `graph_budget_s` (and `budget_s`); the rest is captured in the background.
 
     With `l3_prefetch`, an L3 tier and hot prefixes, the prefixes' L3 fetch starts first, on its own
     thread, and runs alongside the kernel stages (see the module docstring)."""
@@ -239,6 +262,19 @@ def run_warmup(
     for kind, name in (("prefill", "prefill_buckets"), ("decode", "decode_kv_buckets")):
         span = spans[kind] or (None, None)
         report.stages.append(StageTiming(name, spent[kind], counts[kind], device_spent[kind], *span))
+    if runner.use_prefill_graphs:
+        graph_deadline = min(deadline, time.perf_counter() + graph_budget_s)
+        try:
+            seconds, device_seconds, items = clock.measure(
+                lambda: capture_prefill_graphs(
+                    engine, shape_order(engine.prompt_buckets, histogram), graph_deadline, report
+                )
+            )
+            report.stages.append(
+                StageTiming("prefill_graphs", seconds, items, device_seconds, *clock.last_span)
+            )
+        except Exception as exc:  # eager prefills keep serving
+            report.failures.append({"stage": "prefill_graphs", "error": f"{type(exc).__name__}: {exc}"})
 
     def sampling() -> int:
         logits = torch.randn(runner.slots, runner.model.config.vocab_size, device=runner.device)

@@ -305,3 +305,24 @@ def test_prefill_after_a_reused_prefix_matches_a_whole_prefill(model):
     runner.write_blocks(1, runner.read_blocks(0, 5, 8))
     suffix = runner.prefill(1, prompt, 32, start=40)
     torch.testing.assert_close(suffix, whole, atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_graphs_past_their_budget_are_captured_in_the_background(model):
+    """The capture itself needs CUDA (tests/test_engine_cuda.py); here the budget and the order."""
+    engine = make_engine(model)
+    engine.runner.use_prefill_graphs = True
+    captured: list[int] = []
+
+    def warm_shape(kind, bucket):
+        if kind == "prefill_graph":
+            captured.append(bucket)
+
+    engine.runner.warm_shape = warm_shape
+    histogram = {60: 100, 30: 10}  # bucket 64 is the most used, then 32
+    report = run_warmup(engine, enabled=True, histogram=histogram, graph_budget_s=0.0)
+    assert captured == [] and report.failures == []
+    assert [b for kind, b in engine.deferred_shapes if kind == "prefill_graph"][:2] == [64, 32]
+    assert next(s for s in report.stages if s.name == "prefill_graphs").items == 0
+    engine.deferred_shapes.clear()
+    report = run_warmup(engine, enabled=True, histogram=histogram)
+    assert captured == [64, 32, 8, 16, 128] and not engine.deferred_shapes
