@@ -100,3 +100,19 @@ def test_reuse_ledger_books_savings_and_slow_loads_apart():
     assert ledger.totals("l2").loads == 0
     ledger.totals("l3").seconds_saved = 99.0  # a copy: the ledger is not changed through it
     assert ledger.totals("l3").seconds_saved == pytest.approx(0.020)
+
+
+def test_reused_tokens_are_priced_at_the_marginal_cost_not_with_the_fixed_overhead():
+    """H200 after prefill graphs: ~3 ms whatever the length, plus ~5 us per token."""
+    m = LoadCostModel(prior_load_bytes_per_s=300e6, load_overhead_s=0.001)
+    for tokens in (12, 128, 512, 2048, 3500) * 6:
+        m.observe_prefill(tokens, 0.003 + 5e-6 * tokens)
+    assert m.predict_prefill_s(448) == pytest.approx(448 * 5e-6, rel=0.05)
+    assert not m.should_load(448, 448 * 32 * 1024)  # 14 MB from Redis: ~49 ms against ~2 ms
+
+
+def test_one_prompt_length_alone_falls_back_to_the_mean_cost_per_token():
+    m = LoadCostModel(prior_prefill_tokens_per_s=10_000, alpha=0.5)
+    for _ in range(20):
+        m.observe_prefill(500, 0.003 + 5e-6 * 500)
+    assert m.predict_prefill_s(500) == pytest.approx(0.0055, rel=0.01)
