@@ -71,6 +71,7 @@ class EngineConfig:
     response_cache: bool = True
     semantic_cache: bool = False
     semantic_threshold: float = 0.80
+    semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""

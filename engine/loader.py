@@ -149,7 +149,11 @@ def build_response_tier(
 
             embedder = MiniLMEmbedder()
             semantic = SemanticResponseCache(
-                config.redis_url, fingerprint, embedder, threshold=config.semantic_threshold
+                config.redis_url,
+                fingerprint,
+                embedder,
+                threshold=config.semantic_threshold,
+                verifier="default" if config.semantic_verifier else None,
             )
         except (ImportError, OSError) as exc:  # the embedding model package is optional
             log(f"semantic cache off: {exc}")
