@@ -380,30 +380,12 @@ def main(argv: list[str] | None = None) -> int:
             # the replay must be what lookup does: check the headline setting with real lookups
             if headline_pick is not None:
                 cache.verifier = cut_of(tuned_verifier, headline_pick)
-                real = lookups(
-                    cache,
-                    pairs,
-                    query_vecs,
-                    headline_pick.threshold,
-                    headline_pick.low_threshold,
-                    True,
-                    params,
-                )
-                replay = replay_all(
-                    ranked, headline_pick.threshold, headline_pick.low_threshold, cache.verifier
-                )
-                if real != replay:
+                high, low = headline_pick.threshold, headline_pick.low_threshold
+                real = lookups(cache, pairs, query_vecs, high, low, True, params)
+                if real != replay_all(ranked, high, low, cache.verifier):
                     raise RuntimeError("offline replay of select() differs from SemanticResponseCache.lookup")
-                t0 = time.perf_counter()
-                lookups(
-                    cache,
-                    pairs,
-                    query_vecs,
-                    headline_pick.threshold,
-                    headline_pick.low_threshold,
-                    True,
-                    params,
-                )
+                t0 = time.perf_counter()  # timed on the second pass: the first loads the tenant matrix
+                lookups(cache, pairs, query_vecs, high, low, True, params)
                 lookup_us = (time.perf_counter() - t0) * 1e6 / len(pairs)
             else:
                 lookup_us = float("nan")
