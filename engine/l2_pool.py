@@ -51,6 +51,11 @@ class HostBlockPool:
         self._touch(key)
         return True
 
+    def put_many(self, keys: list[bytes], blocks: torch.Tensor) -> int:
+        """`put` for a run of blocks [n, ...] on any device: one copy to the host, then host copies."""
+        host = blocks.to("cpu")
+        return sum(self.put(key, block) for key, block in zip(keys, host))
+
     def get(self, key: bytes) -> torch.Tensor | None:
         index = self.index.get(key)
         if index is None:

@@ -172,14 +172,12 @@ class PrefixCache:
         if not missing:
             return 0
         blocks = self.runner.read_blocks(slot, missing[-1] + 1, self.block_size)
-        stored = []
-        for i in missing:
-            index = self._allocate()
-            if index is None:
-                break
-            self.pool[index] = blocks[i]
-            self.index[keys[i]] = index
-            stored.append(i)
+        indices = self._allocate(len(missing))
+        stored = missing[: len(indices)]
+        if indices:  # one gather and one scatter, not a copy per block
+            self.pool[self._device_index(indices)] = blocks[self._device_index(stored)]
+            for i, index in zip(stored, indices):
+                self.index[keys[i]] = index
         for key in reversed(keys):  # as in lookup: the head ends most recent, so tails are evicted first
             if key in self.index:
                 self.index.move_to_end(key)
@@ -242,26 +240,42 @@ class PrefixCache:
         return blocks
 
     def _promote(self, keys: list[bytes], blocks: list[torch.Tensor]) -> list[bytes]:
-        """Bring blocks fetched from L3 into the pool; returns the keys now in L1."""
-        promoted = []
-        for key, block in zip(keys, blocks):
-            index = self._allocate()
-            if index is None:
-                break
-            self.pool[index] = block.to(self.pool.device, non_blocking=True)
+        """Bring host blocks (from L2 or L3) into the pool; returns the keys now in L1."""
+        indices = self._allocate(min(len(keys), len(blocks)))
+        if not indices:
+            return []
+        staged = torch.stack(blocks[: len(indices)])  # one host-to-device copy for the run
+        self.pool[self._device_index(indices)] = staged.to(self.pool.device, non_blocking=True)
+        promoted = keys[: len(indices)]
+        for key, index in zip(promoted, indices):
             self.index[key] = index
             self._protected.add(key)
-            promoted.append(key)
         return promoted
 
-    def _allocate(self) -> int | None:
-        if self.free:
-            return self.free.pop()
-        for key in self.index:  # oldest first
+    def _device_index(self, positions: list[int]) -> torch.Tensor:
+        return torch.tensor(positions, device=self.pool.device)
+
+    def _allocate(self, count: int) -> list[int]:
+        """Up to `count` free pool indices, evicting the oldest unpinned, unprotected blocks; the evicted
+        blocks go to L2 in one device-to-host copy (a copy per block cost a device sync each)."""
+        indices = [self.free.pop() for _ in range(min(count, len(self.free)))]
+        evicted: list[tuple[bytes, int]] = []
+        while len(indices) < count and (victim := self._victim()) is not None:
+            self.evictions += 1
+            evicted.append((victim, self.index.pop(victim)))
+            indices.append(evicted[-1][1])
+        if evicted and self.l2 is not None:  # demote rather than forget; gathered before any overwrite
+            self.l2.put_many(
+                [key for key, _ in evicted], self.pool[self._device_index([i for _, i in evicted])]
+            )
+        return indices
+
+    def _victim(self) -> bytes | None:
+        """The oldest block that may be evicted. Pinned and protected blocks met on the way move to the
+        recent end (they are never evicted here), so later scans do not walk past them again."""
+        for _ in range(len(self.index)):
+            key = next(iter(self.index))
             if key not in self.pinned and key not in self._protected:
-                self.evictions += 1
-                index = self.index.pop(key)
-                if self.l2 is not None:  # demote rather than forget
-                    self.l2.put(key, self.pool[index])
-                return index
+                return key
+            self.index.move_to_end(key)
         return None

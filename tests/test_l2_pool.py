@@ -60,3 +60,9 @@ def test_promoting_a_long_chain_never_evicts_its_own_head(model):  # noqa: F811
     run(engine, [1] + list(range(100, 148)))  # pushes three of them down to L2, keeps the head in L1
     assert run(engine, long_prompt + [2]) == expected  # head from L1, the rest promoted from L2
     assert engine.stats.prefix_reused_tokens == 64
+
+
+def test_a_run_of_blocks_is_kept_block_by_block():
+    pool = HostBlockPool(2, (2, 3), torch.float32, pin=False)
+    assert pool.put_many([b"x", b"y"], torch.stack([block(5), block(6)])) == 2
+    assert torch.equal(pool.get(b"x"), block(5)) and torch.equal(pool.get(b"y"), block(6))

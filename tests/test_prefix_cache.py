@@ -203,3 +203,13 @@ def test_engine_prefix_hits_report_time_saved(model):  # noqa: F811
     l1 = engine.prefix_cache.savings.totals("l1")
     assert l1.tokens_loaded == 48 and 0 < l1.load_seconds
     assert l1.seconds_saved - l1.seconds_lost_slow_load == pytest.approx(predicted - l1.load_seconds)
+
+
+def test_eviction_skips_pinned_blocks_and_never_the_chain_being_stored():
+    cache = PrefixCache(TimedRunner(FakeClock(), copy_s=0.0), 4, 4, "fp")
+    cache.store(0, list(range(1, 10)), "t", pin=True)  # two blocks, pinned (room: half the pool)
+    cache.store(0, [7, 7, 7, 7, 7], "t")  # one evictable block
+    assert cache.store(0, list(range(20, 29)), "t") == 2  # one free slot, one eviction
+    assert cache.evictions == 1 and len(cache.pinned) == 2 and cache.pinned <= set(cache.index)
+    assert cache.store(0, list(range(40, 49)), "t") == 2  # evicts the previous prompt, not the pins
+    assert cache.evictions == 3 and cache.pinned <= set(cache.index)
