@@ -341,13 +341,13 @@ class Engine:
                 began, now = time.perf_counter_ns(), time.monotonic_ns()
                 if not self._queue:
                     break
-                need = self._reserved_len(self._queue.peek(now))
-                victim = None if self._fitting_slot(need) is not None else self._victim_locked(need)
-                if victim is not None:
+                head = self._queue.peek(now)
+                need = self._reserved_len(head)
+                if self._fitting_slot(need) is not None:
+                    request = self._queue.pop(now)
+                elif (victim := self._victim_locked(head, need)) is not None:
                     request = self._queue.pop(now)
                     self._suspend(victim)
-                elif self._fitting_slot(need) is not None:
-                    request = self._queue.pop(now)
                 elif (request := self._backfill_locked()) is None:
                     break
                 request.scheduling_ns += time.perf_counter_ns() - began  # the decision, not the KV work
@@ -384,12 +384,11 @@ class Engine:
                 return self._queue.remove(entry.key)
         return None
 
-    def _victim_locked(self, need: int) -> _Active | None:
+    def _victim_locked(self, head: EngineRequest, need: int) -> _Active | None:
         """The running request to suspend because the queue's head would miss its deadline waiting;
         only a slot that can hold the head (`need` positions) is a candidate."""
         if self.preemption is None or not self._active:
             return None
-        head = self._queue.peek()
         running = [
             RunningRequest(
                 s.slot, s.request.priority, s.request.params.max_tokens - len(s.output), s.preemptions

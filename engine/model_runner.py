@@ -105,7 +105,7 @@ class ModelRunner:
         self.max_len = min(max_len, limit)
         self.kv_buckets = tuple(b for b in kv_buckets if b < self.max_len) + (self.max_len,)
         self.shape = KVShape(len(self.decoder.layers), slots, self.kv_heads, self.max_len, self.head_dim)
-        self.pools = self._allocate(pools or ((self.max_len, slots),))
+        self.pools = self._allocate_pools(pools or ((self.max_len, slots),))
         self._slot_pool = [
             (pool, slot - pool.first)
             for pool in self.pools
@@ -162,7 +162,7 @@ class ModelRunner:
         for pool in self.pools:
             pool.cache.zero_()
 
-    def _allocate(self, pools: Sequence[tuple[int, int]]) -> tuple[SlotPool, ...]:
+    def _allocate_pools(self, pools: Sequence[tuple[int, int]]) -> tuple[SlotPool, ...]:
         plan = sorted((min(capacity, self.max_len), count) for capacity, count in pools if count > 0)
         if sum(count for _, count in plan) != self.slots or plan[-1][0] != self.max_len:
             raise ValueError(

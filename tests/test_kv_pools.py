@@ -135,3 +135,30 @@ def test_compiled_decode_attends_per_pool_like_eager(model):  # noqa: F811
     compiled = runner.decode(tokens, positions, 64)
     assert runner.compiled_buckets == {64} and runner.compile_fallbacks == 0
     torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
+
+
+def test_preemption_takes_a_slot_long_enough_for_the_urgent_request(model):  # noqa: F811
+    import time
+
+    from scheduler.preemption import PreemptionPolicy
+
+    engine = pooled_engine(model, [(32, 1), (128, 1)])
+    engine.preemption = PreemptionPolicy()
+    short_batch, long_batch, critical = RecordingSink(), RecordingSink(), RecordingSink()
+    far = time.time_ns() + 3600 * 10**9
+    engine.submit(request([1, 2, 3], short_batch, rid="short", priority=4, deadline=far, max_tokens=25))
+    engine.submit(
+        request([1, *range(10, 40)], long_batch, rid="long", priority=4, deadline=far, max_tokens=40)
+    )
+    engine.step()
+    slots = {s.request.request_id: s.slot for s in engine._active.values()}
+    assert (
+        engine.runner.slot_capacity(slots["short"]) == 32
+        and engine.runner.slot_capacity(slots["long"]) == 128
+    )
+    urgent = [1, *range(50, 80)]  # 31 tokens + 8: only the long slot holds it
+    engine.submit(request(urgent, critical, rid="crit", priority=1, deadline=time.time_ns(), max_tokens=8))
+    engine.step()
+    assert engine.stats.preemptions == 1 and "long" in engine._suspended and "short" not in engine._suspended
+    run_until_idle(engine)
+    assert len(critical.tokens) == 8 and len(long_batch.tokens) == 40 and len(short_batch.tokens) == 25
