@@ -22,6 +22,7 @@ from bench.common import (
     TtftProbe,
     add_engine_args,
     engine_env,
+    model_dir_for,
     print_table,
     progress,
 )
@@ -52,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-redis", action="store_true")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
+    model_dir = model_dir_for(args.preset, args.model_dir)
     options = StackOptions(
         run_dir=REPO_ROOT / ".run" / "bench-ttft-breakdown",
-        model_dir=args.model_dir,
+        model_dir=model_dir,
         warmup=True,
         text_env=args.text_env,
         start_redis=not args.no_redis,
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_env=engine_env(args.device, args.dtype, args.max_seq_len),
     )
     stack = start_stack(options)
-    prompts = PromptFactory(args.model_dir)
+    prompts = PromptFactory(model_dir)
     probe = TtftProbe(stack.grpc_url)
     engine = EngineTtft(stack.metrics_url)
     rows = []

@@ -131,6 +131,28 @@ def shape_order(buckets: tuple[int, ...], histogram: Mapping[int, int] | None) -
     return sorted(buckets, key=lambda b: (-mass[b], b))
 
 
+def open_connections(engine: Engine) -> int:
+    """Connect the Redis clients the request path uses (exact and semantic response caches, L3), so
+    that the first requests after READY do not pay the TCP connect and handshake: on the CPU the first
+    request's engine TTFT was 8.9 ms against 5.1 steady, and the first one with full prefix blocks
+    (L3 asked) 9.1 against 7.3. An unreachable Redis is not a warmup failure here: the request path
+    has its circuit breakers. Returns the clients connected."""
+    clients = []
+    if engine.responses is not None:
+        clients.append(engine.responses.cache.client)
+        if engine.responses.semantic is not None:
+            clients.append(engine.responses.semantic.client)
+    if engine.prefix_cache is not None and engine.prefix_cache.l3 is not None:
+        clients.append(engine.prefix_cache.l3.store.client)
+    connected = 0
+    for client in clients:
+        try:
+            connected += bool(client.ping())
+        except Exception:  # redis.RedisError and socket errors: the breakers handle it later
+            continue
+    return connected
+
+
 def capture_prefill_graphs(engine: Engine, order: list[int], deadline: float, report: WarmupReport) -> int:
     """CUDA graphs of the prefill buckets, most-used first, until `deadline`; the rest is captured
     in the background while the engine is idle. Every bucket is already warm eager, so a bucket
@@ -298,7 +320,13 @@ def run_warmup(
     def templates() -> int:
         return prefill_templates(engine, hot_prefixes or [], prefill_budget_s, report)
 
-    for name, work in (("sampling", sampling), ("prefix_templates", templates), ("requests", requests)):
+    stages = (
+        ("connections", lambda: open_connections(engine)),
+        ("sampling", sampling),
+        ("prefix_templates", templates),
+        ("requests", requests),
+    )
+    for name, work in stages:
         try:
             seconds, device_seconds, items = clock.measure(work)
         except Exception as exc:

@@ -193,6 +193,7 @@ def test_warmup_leaves_no_new_shape_for_any_length(model):
     assert [s.name for s in report.stages] == [
         "prefill_buckets",
         "decode_kv_buckets",
+        "connections",
         "sampling",
         "prefix_templates",
         "requests",
