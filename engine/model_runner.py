@@ -11,7 +11,7 @@ requests join and leave between steps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -299,17 +299,25 @@ class ModelRunner:
             with torch.inference_mode(False):  # ordinary tensors, as compile_decode compiled for
                 self._graph_tokens = torch.zeros(self.slots, dtype=torch.long, device=self.device)
                 self._graph_positions = torch.zeros(self.slots, dtype=torch.long, device=self.device)
+        step = self._decode_step(kv_len)
+        graph, logits = self.record_graph(lambda: step(self._graph_tokens, self._graph_positions, kv_len))
+        self._graph_logits[kv_len] = logits
+        self._graphs[kv_len] = graph
+
+    def record_graph(self, step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture `step` as a CUDA graph in the shared pool: one warm run on a side stream, the
+        capture, then one replay (the first launch uploads the graph: not on a request's time).
+        Returns the graph and its static output."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        step = self._decode_step(kv_len)
         with torch.cuda.stream(side):
-            step(self._graph_tokens, self._graph_positions, kv_len)
+            step()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graph_pool()):
-            self._graph_logits[kv_len] = step(self._graph_tokens, self._graph_positions, kv_len)
-        graph.replay()  # the first launch uploads the graph: not on a request's time
-        self._graphs[kv_len] = graph
+            output = step()
+        graph.replay()
+        return graph, output
 
     def _decode_eager(
         self, last_tokens: torch.Tensor, positions: torch.Tensor, kv_len: int, opaque_kv_write: bool = False

@@ -112,15 +112,7 @@ class PrefillGraphs:
             hidden = runner.run_layers(ids, positions, attend)
             return runner.logits(hidden[0].index_select(0, last))[0]
 
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=runner.graph_pool()):
-            logits = step()
-        graph.replay()  # the first launch uploads the graph: not on a request's time
+        graph, logits = runner.record_graph(step)
         return _Captured(graph, ids, offsets, start, keys_used, last, logits, tuple(bounds))
 
     def _whole_attention(self, bucket: int):

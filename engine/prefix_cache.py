@@ -145,7 +145,7 @@ class PrefixCache:
 
         `indices` is what the last `lookup` returned; the reuse is booked per tier that served it."""
         started = self.clock()
-        self.runner.write_blocks(slot, self.pool[torch.tensor(indices, device=self.pool.device)])
+        self.runner.write_blocks(slot, self.pool[self._device_index(indices)])
         copy_s = self.clock() - started
         pending, self._pending = self._pending, []
         if sum(blocks for _, blocks, _ in pending) != len(indices):  # not the last lookup's result
@@ -204,7 +204,7 @@ class PrefixCache:
         """Blocks reused here are worth sharing with other replicas: write those Redis lacks."""
         fresh = self.l3.unknown(keys) if self.l3 is not None else []
         if fresh:
-            indices = torch.tensor([self.index[keys[i]] for i in fresh], device=self.pool.device)
+            indices = self._device_index([self.index[keys[i]] for i in fresh])
             self.l3.publish([keys[i] for i in fresh], self.pool[indices])
 
     def adopt(self, keys: list[bytes], blocks: list[torch.Tensor], waited_s: float = 0.0) -> int:

@@ -8,7 +8,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from cache.traffic_stats import PROMPT, RESERVED, StoreUnavailable, TrafficStatsStore
+from cache.traffic_stats import HISTOGRAMS, PROMPT, RESERVED, StoreUnavailable, TrafficStatsStore
+
+
+def _empty_histograms() -> dict[str, Counter[int]]:
+    return {name: Counter() for name in HISTOGRAMS}
 
 
 class TrafficRecorder:
@@ -21,7 +25,7 @@ class TrafficRecorder:
         self.store = store
         self.flush_interval_s = flush_interval_s
         self.on_error = on_error
-        self._lengths: dict[str, Counter[int]] = {PROMPT: Counter(), RESERVED: Counter()}
+        self._lengths = _empty_histograms()
         self._peak = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -56,7 +60,7 @@ class TrafficRecorder:
             return False
         with self._lock:
             lengths, peak = self._lengths, self._peak
-            self._lengths, self._peak = {PROMPT: Counter(), RESERVED: Counter()}, 0
+            self._lengths, self._peak = _empty_histograms(), 0
         try:
             for histogram, counts in lengths.items():
                 self.store.add_lengths(counts, histogram)
