@@ -343,18 +343,20 @@ class Engine:
                     break
                 head = self._queue.peek(now)
                 need = self._reserved_len(head)
-                if self._fitting_slot(need) is not None:
+                if (slot := self._fitting_slot(need)) is not None:
                     request = self._queue.pop(now)
                 elif (victim := self._victim_locked(head, need)) is not None:
                     request = self._queue.pop(now)
                     self._suspend(victim)
-                elif (request := self._backfill_locked()) is None:
+                    slot = self._fitting_slot(need)
+                elif (backfill := self._backfill_locked()) is not None:
+                    request, slot = backfill
+                else:
                     break
                 request.scheduling_ns += time.perf_counter_ns() - began  # the decision, not the KV work
             if request.sink.cancelled():
                 self._cancel_queued(request)
                 continue
-            slot = self._fitting_slot(self._reserved_len(request))
             self._free.remove(slot)
             suspended = self._suspended.pop(request.request_id, None)
             if suspended is not None:
@@ -374,14 +376,15 @@ class Engine:
         best = min((entry for entry in fitting if entry[0] >= need), default=None)
         return None if best is None else best[1]
 
-    def _backfill_locked(self, scan: int = 64) -> EngineRequest | None:
+    def _backfill_locked(self, scan: int = 64) -> tuple[EngineRequest, int] | None:
         """The head fits no free slot (its length class is busy): a later request that fits a free
-        slot takes it. Every free slot is then shorter than the head needs, so the head loses nothing."""
+        slot takes it (returned with that slot). Every free slot is then shorter than the head needs,
+        so the head loses nothing."""
         if not self._free:
             return None
         for entry in itertools.islice(self._queue.entries(), scan):
-            if self._fitting_slot(self._reserved_len(entry.item)) is not None:
-                return self._queue.remove(entry.key)
+            if (slot := self._fitting_slot(self._reserved_len(entry.item))) is not None:
+                return self._queue.remove(entry.key), slot
         return None
 
     def _victim_locked(self, head: EngineRequest, need: int) -> _Active | None:
