@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.request
 
 from bench.common import (
@@ -49,8 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lengths", default="12,48,200")
     parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--max-tokens", type=int, default=1)
+    parser.add_argument(
+        "--grouped", action="store_true", help="all requests of a length in a row (as bench.coldstart)"
+    )
     add_engine_args(parser, results=False)
     parser.add_argument("--no-redis", action="store_true")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="wait this long after READY before the first request (tells post-READY background work apart)",
+    )
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     model_dir = model_dir_for(args.preset, args.model_dir)
@@ -68,11 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     probe = TtftProbe(stack.grpc_url)
     engine = EngineTtft(stack.metrics_url)
     rows = []
+    time.sleep(args.settle_s)
     try:
         before = step_times_ms(stack.http_port)
         for index in range(args.requests):
-            tokens = lengths[index % len(lengths)]
-            client_ms = probe.ttft_ms(prompts.make(tokens), max_tokens=1)
+            tokens = lengths[index * len(lengths) // args.requests if args.grouped else index % len(lengths)]
+            client_ms = probe.ttft_ms(prompts.make(tokens), max_tokens=args.max_tokens)
             engine_ms = engine.mean_ms_since_last()
             after = step_times_ms(stack.http_port)
             steps = [after[m] - before[m] for m in STEPS]

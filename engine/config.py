@@ -51,7 +51,8 @@ class EngineConfig:
     warmup_budget_s: float = 0.0
     cuda_graphs: bool = True
     prefill_graphs: bool = True  # with cuda_graphs: prefills per bucket as CUDA graphs too
-    prefill_graph_budget_s: float = 0.6  # warmup time for prefill graphs; the rest is captured when idle
+    prefill_graph_budget_s: float = 1.0  # warmup time for prefill graphs (each warms its bucket)
+    device_prewarm: bool = True  # CUDA: kernel first-use costs paid on a thread while the weights load
     compile: bool = False  # torch.compile the decode step per KV bucket during warmup
     compile_cache_dir: str = "/tmp/llm-compile-cache"  # keyed per model version inside (compile_cache.py)
     tiers_file: str = ""

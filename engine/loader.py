@@ -6,7 +6,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from cache.traffic_stats import RESERVED, StoreUnavailable, TrafficStatsStore, m
 from engine.compile_cache import CompileCache, compile_cache_for
 from engine.config import EngineConfig
 from engine.detokenize import TokenDecoder
+from engine.device_prewarm import DevicePrewarm, PrewarmShape
 from engine.engine import Engine
 from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
@@ -31,7 +32,7 @@ from engine.slo_feedback import SloFeedbackLoop
 from scheduler.feedback import FeedbackController
 from engine.observer import EngineObserver
 from engine.traffic_recorder import TrafficRecorder
-from engine.warmup import StageTiming, WarmupReport, run_warmup
+from engine.warmup import StageTiming, WarmupReport, run_warmup, shape_order
 from scheduler.admission import AdmissionController
 from scheduler.kv_pools import KVPoolPlan, plan_kv_pools, single_pool
 from scheduler.preemption import PreemptionPolicy
@@ -207,13 +208,19 @@ def load_engine(
         )
     torch.manual_seed(config.seed)
     started = time.perf_counter()
+    started_ns = time.perf_counter_ns()
     max_len = model_max_len(model_dir, config.max_seq_len)
     plan = plan_from_traffic(config, model_dir, max_len, model_name)
     plan_seconds = time.perf_counter() - started
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[config.dtype])
-    model = model.to(config.device).eval()
     buckets = plan.buckets.buckets
     pools = [(pool.capacity, pool.slots) for pool in plan.kv.pools]
+    prewarm = None
+    if config.warmup and config.device_prewarm and config.device.startswith("cuda"):  # CPU: no gain, measured
+        shape = PrewarmShape(plan.slots, max_len, buckets, pools, shape_order(buckets, plan.histogram))
+        dtype = DTYPES[config.dtype]
+        prewarm = DevicePrewarm(str(model_dir), dtype, config.device, shape, started_ns).start()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[config.dtype])
+    model = model.to(config.device).eval()
     runner = ModelRunner(model, plan.slots, max_len, buckets, pools)
     runner.use_cuda_graphs = config.cuda_graphs and runner.device.type == "cuda"
     runner.use_prefill_graphs = runner.use_cuda_graphs and config.prefill_graphs
@@ -272,6 +279,7 @@ def load_engine(
         f"{runner.slots} slots in pools {pools}, KV {runner.kv_bytes / 2**20:.1f} MiB; "
         f"buckets {list(buckets)} ({plan.buckets.source})"
     )
+    prewarm_stage = None if prewarm is None else prewarm.finish()
     report = run_warmup(
         engine,
         config.warmup,
@@ -284,6 +292,12 @@ def load_engine(
         graph_budget_s=config.prefill_graph_budget_s,
     )
     report.stages.insert(0, StageTiming("plan", plan_seconds, len(plan.histogram)))
+    if prewarm_stage is not None:
+        report.stages.insert(1, prewarm_stage)
+        report.device_prewarm = asdict(prewarm.summary)
+        report.total_seconds += prewarm.summary.waited_s
+        if prewarm.summary.error:
+            report.failures.append({"stage": "device_prewarm", "error": prewarm.summary.error})
     report.failures[:0] = plan.failures + template_failures + compile_failures
     report.plan = {
         "source": plan.buckets.source,

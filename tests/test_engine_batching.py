@@ -324,6 +324,35 @@ def test_prefill_graphs_past_their_budget_are_captured_in_the_background(model):
     assert captured == [] and report.failures == []
     assert [b for kind, b in engine.deferred_shapes if kind == "prefill_graph"][:2] == [64, 32]
     assert next(s for s in report.stages if s.name == "prefill_graphs").items == 0
+    assert next(s for s in report.stages if s.name == "prefill_buckets").items == 5  # warm eager instead
     engine.deferred_shapes.clear()
     report = run_warmup(engine, enabled=True, histogram=histogram)
     assert captured == [64, 32, 8, 16, 128] and not engine.deferred_shapes
+
+
+def test_a_prefill_graph_capture_is_its_buckets_warmup_and_a_failed_one_falls_back_to_eager(model):
+    engine = make_engine(model)
+    engine.runner.use_prefill_graphs = True
+    calls: list[tuple[str, int]] = []
+
+    def warm_shape(kind, bucket):
+        calls.append((kind, bucket))
+        if kind == "prefill_graph" and bucket == 32:
+            raise RuntimeError("capture failed")
+
+    engine.runner.warm_shape = warm_shape
+    report = run_warmup(engine, enabled=True)
+    prefill_calls = [call for call in calls if call[0] != "decode"]
+    assert prefill_calls == [
+        ("prefill_graph", 8),
+        ("prefill_graph", 16),
+        ("prefill_graph", 32),
+        ("prefill", 32),
+        ("prefill_graph", 64),
+        ("prefill_graph", 128),
+    ]
+    assert [f["stage"] for f in report.failures] == ["prefill_graph:32"]
+    assert engine.deferred_shapes == [("prefill_graph", 32)]  # retried while idle
+    stages = {s.name: s.items for s in report.stages}
+    assert stages["prefill_graphs"] == 4 and stages["prefill_buckets"] == 1
+    assert {("prefill", bucket) for bucket in (8, 16, 32, 64, 128)} <= engine.stats.shapes_seen

@@ -89,3 +89,20 @@ def test_prefill_after_a_reused_prefix_matches_a_whole_prefill(model, graphs):
             runner.read_blocks(1, 5, 16), runner.read_blocks(0, 5, 16), atol=3e-2, rtol=3e-2
         )
     assert runner.prefill_graphs.replays == (2 if graphs else 0)
+
+
+def test_device_prewarm_runs_on_its_own_stream_beside_other_work(model, tmp_path):
+    """The prewarm thread runs while the main thread keeps using the device (as the weight load does)."""
+    from engine.device_prewarm import DevicePrewarm, PrewarmShape
+
+    model.save_pretrained(tmp_path)
+    shape = PrewarmShape(slots=2, max_len=256, buckets=(16, 64), pools=[(256, 2)], order=(64, 16))
+    prewarm = DevicePrewarm(str(tmp_path), torch.float32, "cuda", shape, origin_ns=0).start()
+    busy = torch.ones(512, 512, device="cuda")
+    for _ in range(50):
+        busy = (busy @ busy).clamp_(-1, 1)
+    stage = prewarm.finish(stop=False)
+    assert prewarm.summary.error is None
+    expected = ["sampling", "prefill:64", "prefill:16", "decode:16", "decode:64", "decode:256"]
+    assert prewarm.summary.done == expected
+    assert stage.items == 6 and bool(torch.isfinite(busy).all())
