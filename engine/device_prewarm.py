@@ -112,23 +112,25 @@ class DevicePrewarm:
 
     @torch.inference_mode()
     def _work(self) -> None:
-        runner = self._one_layer_runner()
         shape = self.shape
-        items = [("sampling", 0)]
-        items += [("prefill", bucket) for bucket in shape.order]
+        vocab_size = AutoConfig.from_pretrained(self.model_dir).vocab_size
+        warm_sampling(vocab_size, shape.slots, self.device)  # needs no model: first
+        self._done("sampling", 0)
+        runner = self._one_layer_runner()
+        items = [("prefill", bucket) for bucket in shape.order]
         items += [("decode", bucket) for bucket in runner.kv_buckets]
-        self.summary.planned = len(items)
+        self.summary.planned = 1 + len(items)
         for kind, bucket in items:
             if self._stop.is_set():
                 return
-            if kind == "sampling":
-                warm_sampling(runner.model.config.vocab_size, runner.slots, self.device)
-            else:
-                runner.warm_shape(kind, bucket)
-            if self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()
-            self.summary.items += 1
-            self.summary.done.append(f"{kind}:{bucket}" if bucket else kind)
+            runner.warm_shape(kind, bucket)
+            self._done(kind, bucket)
+
+    def _done(self, kind: str, bucket: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.summary.items += 1
+        self.summary.done.append(f"{kind}:{bucket}" if bucket else kind)
 
     def _one_layer_runner(self) -> ModelRunner:
         config = copy.deepcopy(AutoConfig.from_pretrained(self.model_dir))
@@ -137,11 +139,12 @@ class DevicePrewarm:
             config.layer_types = config.layer_types[:1]
         config.tie_word_embeddings = True  # the same lm_head GEMM, half the memory
         # The class itself, not from_config: HF's constructors set torch's *global* default dtype for
-        # their duration, which would race with the main thread's from_pretrained. Tensors made here
-        # while the main thread holds another default dtype are cast by the .to() below.
-        with torch.device(self.device):
+        # their duration, which would race with the main thread's from_pretrained. Built on the meta
+        # device and given uninitialized memory: the kernels do not care about the values, and a
+        # random init of the embedding and lm_head would be wasted work competing with the load.
+        with torch.device("meta"):
             model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
-        model = model.to(device=self.device, dtype=self.dtype).eval()
+        model = model.to(dtype=self.dtype).to_empty(device=self.device).eval()
         shape = self.shape
         runner = ModelRunner(model, shape.slots, shape.max_len, shape.buckets, shape.pools)
         runner.use_cuda_graphs = False  # eager: captures belong to the real runner
