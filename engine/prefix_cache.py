@@ -244,8 +244,12 @@ class PrefixCache:
         indices = self._allocate(min(len(keys), len(blocks)))
         if not indices:
             return []
-        staged = torch.stack(blocks[: len(indices)])  # one host-to-device copy for the run
-        self.pool[self._device_index(indices)] = staged.to(self.pool.device, non_blocking=True)
+        run = blocks[: len(indices)]
+        if self.pool.is_cuda and all(block.is_pinned() for block in run):
+            for index, block in zip(indices, run):  # L2's pinned slots: asynchronous DMA, no staging
+                self.pool[index].copy_(block, non_blocking=True)
+        else:  # pageable blocks (L3's), or a CPU pool: one copy for the run
+            self.pool[self._device_index(indices)] = torch.stack(run).to(self.pool.device)
         promoted = keys[: len(indices)]
         for key, index in zip(promoted, indices):
             self.index[key] = index
