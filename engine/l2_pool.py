@@ -36,11 +36,19 @@ class HostBlockPool:
     def __contains__(self, key: bytes) -> bool:
         return key in self.index
 
-    def put(self, key: bytes, block: torch.Tensor, pin: bool = False, non_blocking: bool = False) -> bool:
-        """Keep a copy of `block`; False when every slot holds a pinned block. `non_blocking` from a
-        CUDA block: the caller synchronizes before anything reads the slot (put_many does)."""
+    def put(
+        self,
+        key: bytes,
+        block: torch.Tensor,
+        pin: bool = False,
+        non_blocking: bool = False,
+        keep: frozenset[bytes] = frozenset(),
+    ) -> bool:
+        """Keep a copy of `block`; False when every slot holds a pinned (or kept) block. `non_blocking`
+        from a CUDA block: the caller synchronizes before anything reads the slot (put_many does).
+        `keep`: keys that must not be evicted to make room (blocks the caller is still reading)."""
         if key not in self.index:
-            index = self.free.pop() if self.free else self._evict()
+            index = self.free.pop() if self.free else self._evict(keep)
             if index is None:
                 return False
             self.index[key] = index
@@ -52,11 +60,13 @@ class HostBlockPool:
         self._touch(key)
         return True
 
-    def put_many(self, keys: list[bytes], blocks: torch.Tensor) -> int:
+    def put_many(self, keys: list[bytes], blocks: torch.Tensor, keep: frozenset[bytes] = frozenset()) -> int:
         """`put` for a run of blocks [n, ...] on any device. From CUDA each block is copied straight
         into its pinned slot asynchronously and one synchronize ends the run: copying the run to
         pageable host memory first and then into the slots cost ~10x more on the H200."""
-        stored = sum(self.put(key, block, non_blocking=blocks.is_cuda) for key, block in zip(keys, blocks))
+        stored = sum(
+            self.put(key, block, non_blocking=blocks.is_cuda, keep=keep) for key, block in zip(keys, blocks)
+        )
         if blocks.is_cuda:
             torch.cuda.current_stream(blocks.device).synchronize()
         return stored
@@ -69,16 +79,23 @@ class HostBlockPool:
         self._touch(key)
         return self.pool[index]
 
-    def victim(self) -> bytes | None:
-        """The key eviction would take now, in O(log n) amortized (a scan per eviction made every
-        promotion of a long chain quadratic: 100+ ms per request with a full pool)."""
-        while self._heap:
-            *rank, key = self._heap[0]
-            if self.ranks.get(key) != tuple(rank) or key in self.pinned:
-                heapq.heappop(self._heap)  # stale, evicted or pinned (pinned blocks are never evicted)
-                continue
-            return key
-        return None
+    def victim(self, keep: frozenset[bytes] = frozenset()) -> bytes | None:
+        """The key eviction would take now (never one in `keep`), in O(log n) amortized (a scan per
+        eviction made every promotion of a long chain quadratic: 100+ ms per request with a full pool)."""
+        kept = []
+        try:
+            while self._heap:
+                *rank, key = self._heap[0]
+                if self.ranks.get(key) != tuple(rank) or key in self.pinned:
+                    heapq.heappop(self._heap)  # stale, evicted or pinned (pinned blocks are never evicted)
+                elif key in keep:
+                    kept.append(heapq.heappop(self._heap))  # back on the heap below
+                else:
+                    return key
+            return None
+        finally:
+            for entry in kept:
+                heapq.heappush(self._heap, entry)
 
     def _touch(self, key: bytes) -> None:
         history = self.history[key]
@@ -89,8 +106,8 @@ class HostBlockPool:
         self.ranks[key] = rank
         heapq.heappush(self._heap, (*rank, key))
 
-    def _evict(self) -> int | None:
-        key = self.victim()
+    def _evict(self, keep: frozenset[bytes]) -> int | None:
+        key = self.victim(keep)
         if key is None:
             return None
         self.evictions += 1

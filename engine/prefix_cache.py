@@ -241,7 +241,8 @@ class PrefixCache:
 
     def _promote(self, keys: list[bytes], blocks: list[torch.Tensor]) -> list[bytes]:
         """Bring host blocks (from L2 or L3) into the pool; returns the keys now in L1."""
-        indices = self._allocate(min(len(keys), len(blocks)))
+        # The run may be views of L2 slots: the blocks this allocation demotes to L2 must not land there.
+        indices = self._allocate(min(len(keys), len(blocks)), keep=frozenset(keys[: len(blocks)]))
         if not indices:
             return []
         run = blocks[: len(indices)]
@@ -259,9 +260,9 @@ class PrefixCache:
     def _device_index(self, positions: list[int]) -> torch.Tensor:
         return torch.tensor(positions, device=self.pool.device)
 
-    def _allocate(self, count: int) -> list[int]:
+    def _allocate(self, count: int, keep: frozenset[bytes] = frozenset()) -> list[int]:
         """Up to `count` free pool indices, evicting the oldest unpinned, unprotected blocks; the evicted
-        blocks go to L2 in one device-to-host copy (a copy per block cost a device sync each)."""
+        blocks go to L2 as one run (one device sync), never into the L2 slots of `keep`."""
         indices = [self.free.pop() for _ in range(min(count, len(self.free)))]
         evicted: list[tuple[bytes, int]] = []
         while len(indices) < count and (victim := self._victim()) is not None:
@@ -270,7 +271,7 @@ class PrefixCache:
             indices.append(evicted[-1][1])
         if evicted and self.l2 is not None:  # demote rather than forget; gathered before any overwrite
             self.l2.put_many(
-                [key for key, _ in evicted], self.pool[self._device_index([i for _, i in evicted])]
+                [key for key, _ in evicted], self.pool[self._device_index([i for _, i in evicted])], keep
             )
         return indices
 

@@ -66,3 +66,28 @@ def test_a_run_of_blocks_is_kept_block_by_block():
     pool = HostBlockPool(2, (2, 3), torch.float32, pin=False)
     assert pool.put_many([b"x", b"y"], torch.stack([block(5), block(6)])) == 2
     assert torch.equal(pool.get(b"x"), block(5)) and torch.equal(pool.get(b"y"), block(6))
+
+
+def test_victims_skip_kept_keys_without_losing_them():
+    pool = HostBlockPool(3, (2, 3), torch.float32, pin=False, k=2)
+    for key in (b"a", b"b", b"c"):
+        pool.put(key, block(0))
+    assert pool.victim(keep=frozenset({b"a"})) == b"b"
+    assert pool.victim(keep=frozenset({b"a", b"b", b"c"})) is None
+    assert pool.victim() == b"a", "a kept key stays a candidate afterwards"
+    assert not pool.put(b"d", block(1), keep=frozenset({b"a", b"b", b"c"}))
+    assert b"d" not in pool and all(key in pool for key in (b"a", b"b", b"c"))
+
+
+def test_a_promotion_from_a_full_l2_never_overwrites_the_blocks_it_is_reading(model):  # noqa: F811
+    plain = make_engine(model)
+    plain.prefix_cache = None
+    expected = run(plain, PREFIX + [5, 6])
+    engine = make_engine(model, capacity=3)
+    cache = engine.prefix_cache
+    cache.l2 = HostBlockPool(3, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
+    run(engine, PREFIX + [9])  # three blocks fill L1
+    run(engine, [1] + list(range(150, 198)))  # push them to L2, which they fill
+    # promoting them evicts the other three from L1; a full L2 could only make room in their slots
+    assert run(engine, PREFIX + [5, 6]) == expected
+    assert cache.l2.hits == 3 and engine.stats.prefix_reused_tokens == 48
