@@ -52,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=1)
     parser.add_argument(
+        "--prime",
+        type=int,
+        default=0,
+        help="requests sent on another connection first (tells server-side from connection-side costs)",
+    )
+    parser.add_argument(
         "--grouped", action="store_true", help="all requests of a length in a row (as bench.coldstart)"
     )
     add_engine_args(parser, results=False)
@@ -80,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     engine = EngineTtft(stack.metrics_url)
     rows = []
     time.sleep(args.settle_s)
+    if args.prime:
+        primer = TtftProbe(stack.grpc_url)
+        for index in range(args.prime):
+            primer.ttft_ms(prompts.make(lengths[index % len(lengths)]), max_tokens=args.max_tokens)
+        primer.close()
+        engine.mean_ms_since_last()
     try:
         before = step_times_ms(stack.http_port)
         for index in range(args.requests):

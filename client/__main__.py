@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from client.generate import GenerationError, GenerationResult, generate
+from client.prime import PrimeConfig, prime, prime_once
 from client.rewarm import rewarm
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
 
@@ -72,6 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="greedy requests, whose answers the exact response cache keeps (a repeat run is then answered "
         "from it and prefills nothing); default: unseeded sampling, always prefilled",
     )  # fmt: skip
+    primer = commands.add_parser(
+        "prime",
+        help="send the serving path's first requests (readiness check: exit 0 once ready and primed)",
+        description="Wait until the server is ready, then send a few warmup-tier requests through the "
+        "ensemble so the first client requests do not pay its first-use cost (client/prime.py). With "
+        "--marker, a later call only checks readiness (for a container's readiness probe).",
+    )
+    primer.add_argument("--url", default="localhost:8001", help="Triton gRPC address (default: %(default)s)")
+    primer.add_argument("--model", default="llm", help="model to prime (default: %(default)s)")
+    primer.add_argument("--marker", type=Path, help="file written once primed; present: prime no more")
+    primer.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default: 60)")
     return parser
 
 
@@ -163,6 +176,29 @@ def run_rewarm(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def run_prime(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        ready = grpcclient.InferenceServerClient(url=args.url).is_model_ready(args.model)
+    except InferenceServerException as exc:
+        print(f"error: {args.url} is not reachable: {exc}", file=err)
+        return 1
+    if not ready:
+        print(f"error: {args.model} is not ready on {args.url}", file=err)
+        return 1
+    config = PrimeConfig(url=args.url, model=args.model, timeout_s=args.timeout)
+    result = prime(config) if args.marker is None else prime_once(config, args.marker)
+    if result is None:
+        print(f"{args.model} ready (primed before: {args.marker})", file=out)
+        return 0
+    if not result.ok:
+        print(f"error: priming {args.model} failed for {result.failed}/{result.requests}:", file=err)
+        for error in result.errors:
+            print(f"  {error}", file=err)
+        return 1
+    print(f"{args.model} primed: {result.requests} requests in {result.seconds * 1000:.0f} ms", file=out)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -170,6 +206,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     err = err or sys.stderr
     if args.command == "generate":
         return run_generate(args, out, err)
+    if args.command == "prime":
+        return run_prime(args, out, err)
     if args.command == "warmup":
         check_warmup_args(parser, args)
         if args.rewarm:

@@ -42,6 +42,7 @@ DEFAULT_RUN_DIR = REPO_ROOT / ".run" / "main"
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
 TEXT_MODELS = ("slo_scheduler", "detokenizer")  # BYTES-tensor steps: need a numpy<2 env on the GPU image
 ENGINE_MODEL = "llm_engine"
+PRIME_MODEL = "llm"
 STACK_FILE = "stack.json"
 LOG_TAIL_LINES = 60
 
@@ -276,6 +277,8 @@ class StackOptions:
     metrics_port: int = 0
     redis_port: int = 0
     ready_models: tuple[str, ...] = ("llm",)
+    # with warmup not off: requests through the ensemble before the stack counts as up (client/prime.py)
+    prime: bool = True
     ready_timeout_s: float = 300.0
     log_verbose: int = 0
     # write a .pth into the stub's python (and text_env) so model.py files import engine/, scheduler/, ...
@@ -674,6 +677,8 @@ def start_stack(opts: StackOptions) -> Stack:
         # recorded at once, so `deploy.stop` can clean up even while models are still loading
         (run_dir / STACK_FILE).write_text(json.dumps(stack.to_json(), indent=2) + "\n")
         _wait_ready(stack, triton, opts)
+        if opts.prime and opts.warmup is not False and PRIME_MODEL in opts.ready_models:
+            _prime(stack)
     except BaseException:
         for name in ("tritonserver", "redis"):
             if name in procs:
@@ -685,6 +690,22 @@ def start_stack(opts: StackOptions) -> Stack:
         f"metrics {stack.metrics_url}, redis {stack.redis_url}"
     )
     return stack
+
+
+def _prime(stack: Stack) -> None:
+    """The serving path's first requests, sent here rather than by the first clients; a failure is
+    logged, not raised (the replica serves, only its first requests may be slower)."""
+    try:
+        from client.prime import PrimeConfig, prime  # tritonclient: imported only when priming
+    except ImportError as exc:
+        log(f"warning: not priming {PRIME_MODEL}: {exc}")
+        return
+    result = prime(PrimeConfig(url=stack.grpc_url, model=PRIME_MODEL))
+    if result.ok:
+        log(f"primed {PRIME_MODEL}: {result.requests} requests in {result.seconds * 1000:.0f} ms")
+    else:
+        failed = f"{result.failed}/{result.requests}"
+        log(f"warning: priming {PRIME_MODEL} failed for {failed} requests: {result.errors[:3]}")
 
 
 def http_ready(http_port: int, path: str = "/v2/health/ready", timeout: float = 2.0) -> bool:
