@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.l2_pool import HostBlockPool
@@ -37,13 +38,16 @@ def test_among_blocks_with_k_uses_the_oldest_kth_use_goes_and_pins_stay():
     assert torch.equal(pool.get(b"b"), block(9))
 
 
-def test_evicted_l1_blocks_come_back_from_l2_with_identical_output(model):  # noqa: F811
+@pytest.mark.parametrize("l2_blocks", [16, 3], ids=["room-in-l2", "l2-full"])
+def test_evicted_l1_blocks_come_back_from_l2_with_identical_output(model, l2_blocks):  # noqa: F811
+    """With a full L2 (3 blocks), promoting the three blocks evicts the other three from L1 and L2 could
+    only make room in the slots being read: the promotion's own blocks are never L2 victims."""
     plain = make_engine(model)
     plain.prefix_cache = None
     expected = run(plain, PREFIX + [5, 6])
     engine = make_engine(model, capacity=3)
     cache = engine.prefix_cache
-    cache.l2 = HostBlockPool(16, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
+    cache.l2 = HostBlockPool(l2_blocks, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
     run(engine, PREFIX + [9])  # three blocks fill L1
     run(engine, [1] + list(range(150, 198)))  # three other blocks push them down to L2
     assert cache.evictions == 3 and len(cache.l2.index) == 3
@@ -77,17 +81,3 @@ def test_victims_skip_kept_keys_without_losing_them():
     assert pool.victim() == b"a", "a kept key stays a candidate afterwards"
     assert not pool.put(b"d", block(1), keep=frozenset({b"a", b"b", b"c"}))
     assert b"d" not in pool and all(key in pool for key in (b"a", b"b", b"c"))
-
-
-def test_a_promotion_from_a_full_l2_never_overwrites_the_blocks_it_is_reading(model):  # noqa: F811
-    plain = make_engine(model)
-    plain.prefix_cache = None
-    expected = run(plain, PREFIX + [5, 6])
-    engine = make_engine(model, capacity=3)
-    cache = engine.prefix_cache
-    cache.l2 = HostBlockPool(3, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
-    run(engine, PREFIX + [9])  # three blocks fill L1
-    run(engine, [1] + list(range(150, 198)))  # push them to L2, which they fill
-    # promoting them evicts the other three from L1; a full L2 could only make room in their slots
-    assert run(engine, PREFIX + [5, 6]) == expected
-    assert cache.l2.hits == 3 and engine.stats.prefix_reused_tokens == 48
