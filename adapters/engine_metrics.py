@@ -13,6 +13,16 @@ TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
 OVERHEAD_BUCKETS = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01]
 
 
+WARMUP_FAILURE_STAGES = (
+    "plan", "device_prewarm", "compile", "prefill", "prefill_graph", "decode", "connections", "sampling",
+    "prefix_templates", "requests",
+)  # fmt: skip
+
+
+# a bucket whose prefill graph capture was its warm-up is counted under prefill_graphs
+WARMED_SHAPE_STAGES = ("prefill_buckets", "prefill_graphs", "decode_kv_buckets")
+
+
 class TritonEngineObserver(EngineObserver):
     def __init__(self, model: str):
         self.model = model
@@ -199,9 +209,9 @@ class TritonEngineObserver(EngineObserver):
         self.kv_bytes_per_token = kv_bytes_per_token
         for failure in report.failures:
             self._metric(self.warmup_failures, stage=failure["stage"].split(":")[0]).increment(1)
-        for stage in ("plan", "compile", "prefill", "decode", "sampling", "prefix_templates", "requests"):
+        for stage in WARMUP_FAILURE_STAGES:
             self._metric(self.warmup_failures, stage=stage)
-        warmed = sum(stage.items for stage in report.stages if stage.name.endswith("buckets"))
+        warmed = sum(stage.items for stage in report.stages if stage.name in WARMED_SHAPE_STAGES)
         self._metric(self.warmup_shapes, outcome="warmed").set(warmed)
         self._metric(self.warmup_shapes, outcome="deferred").set(len(report.deferred))
         self._metric(self.prefill_items, outcome="loaded").set(report.prefill_loaded)

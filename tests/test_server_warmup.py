@@ -44,6 +44,9 @@ def test_warmup_buckets_come_from_the_recorded_histogram(planned_stack):
     assert report["plan"]["cuts"]["p50"] == 45 and report["plan"]["cuts"]["p100"] == 400
     assert 48 in report["prompt_buckets"] and 400 in report["prompt_buckets"]
     assert report["failures"] == [] and report["deferred"] == []
+    shapes = len(report["prompt_buckets"]) + len(report["kv_buckets"])  # a prefill and a decode per bucket
+    metrics = scrape_metrics(planned_stack.metrics_url)
+    assert metric_total(metrics, "llm_engine_warmup_shapes", outcome="warmed") == shapes
 
 
 def test_recorded_lengths_meet_no_cold_shape(planned_stack):
