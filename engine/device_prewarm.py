@@ -87,6 +87,8 @@ class DevicePrewarm:
         if stop:
             self._stop.set()
         self._thread.join()
+        if self.device.type == "cuda":  # the copy's memory was cached for the prewarm's stream only
+            torch.cuda.empty_cache()
         summary = self.summary
         summary.waited_s = (time.perf_counter_ns() - waiting) / 1e9
         return StageTiming(
