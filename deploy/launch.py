@@ -797,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-model", action="append", default=None, help="models to wait for (default llm)")
     ap.add_argument("--timeout", type=float, default=300.0, help="readiness timeout in seconds")
     ap.add_argument("--log-verbose", type=int, default=0)
+    ap.add_argument(
+        "--no-prime", action="store_true", help="report the stack up without priming (client/prime.py)"
+    )
     a = ap.parse_args(argv)
 
     overrides: dict[str, dict[str, str]] = {}
@@ -819,6 +822,7 @@ def main(argv: list[str] | None = None) -> int:
         ready_models=tuple(a.ready_model or ("llm",)),
         ready_timeout_s=a.timeout,
         log_verbose=a.log_verbose,
+        prime=not a.no_prime,
     )
     try:
         stack = start_stack(opts)

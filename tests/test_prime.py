@@ -49,3 +49,15 @@ def test_prime_cli_fails_clearly_when_the_server_is_down_or_the_model_unknown(gr
 def test_a_failed_prime_is_reported_not_raised(grpc_url):
     result = prime(PrimeConfig(url=grpc_url, model="no_such_model", lengths=(4,), rounds=1, timeout_s=5))
     assert not result.ok and result.failed == 1 and result.errors
+
+
+def test_the_launcher_primes_unless_told_not_to(tmp_path, capsys):
+    from deploy.launch import StackOptions, start_stack
+    from tests.conftest import MODEL_DIR
+
+    with start_stack(StackOptions(run_dir=tmp_path, model_dir=MODEL_DIR, warmup=True, prime=False)) as stack:
+        assert "primed" not in capsys.readouterr().out
+        before = finished(stack.metrics_url, "warmup")  # Triton's model_warmup samples only
+        assert before < 6, "a primed start would show at least its 6 requests"
+        assert prime(PrimeConfig(url=stack.grpc_url)).ok
+        assert finished(stack.metrics_url, "warmup") == before + 6
