@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from client.generate import StreamingSession
+from scheduler.validation import PROMPT_TOO_LONG
 
 PRIME_TENANT = "prime"
 _WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge every box".split()
@@ -39,6 +40,7 @@ class PrimeConfig:
 class PrimeResult:
     requests: int = 0
     failed: int = 0
+    shortened: int = 0  # prompts halved because the deployment's prompt limit is lower
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -53,26 +55,33 @@ def prime_prompt(words: int) -> str:
 
 def prime(config: PrimeConfig) -> PrimeResult:
     """Send `rounds` x `lengths` requests one at a time on one stream; errors are collected, not raised
-    (a replica that cannot answer them is not ready, which the caller decides)."""
+    (a replica that cannot answer them is not ready, which the caller decides). A prompt over the
+    deployment's limit (a small `max_seq_len`) is halved until it fits: that is not a failure."""
     result = PrimeResult()
     started = time.perf_counter()
-    sampling = {"max_tokens": config.max_tokens, "temperature": 1.0, "ignore_eos": True}
     with StreamingSession(config.url, model=config.model) as session:
         for _ in range(config.rounds):
             for words in config.lengths:
-                prompt = prime_prompt(words)
-                rid = session.submit(prompt, sampling=sampling, tier="warmup", tenant=PRIME_TENANT)
-                result.requests += 1
-                if not session.wait([rid], timeout_s=config.timeout_s):
-                    result.failed += 1
-                    result.errors.append(f"{words} words: no answer within {config.timeout_s:g} s")
-                    continue
-                error = session.result(rid).error
-                if error:
+                error = _send(session, config, words, result)
+                while error is not None and PROMPT_TOO_LONG in error and words > 1:
+                    words //= 2
+                    result.shortened += 1
+                    error = _send(session, config, words, result)
+                if error is not None:
                     result.failed += 1
                     result.errors.append(f"{words} words: {error}")
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _send(session: StreamingSession, config: PrimeConfig, words: int, result: PrimeResult) -> str | None:
+    """One priming request; its error, or None."""
+    sampling = {"max_tokens": config.max_tokens, "temperature": 1.0, "ignore_eos": True}
+    rid = session.submit(prime_prompt(words), sampling=sampling, tier="warmup", tenant=PRIME_TENANT)
+    result.requests += 1
+    if not session.wait([rid], timeout_s=config.timeout_s):
+        return f"no answer within {config.timeout_s:g} s"
+    return session.result(rid).error or None
 
 
 def prime_once(config: PrimeConfig, marker: Path) -> PrimeResult | None:

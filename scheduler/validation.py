@@ -218,12 +218,13 @@ def validate_prompt(text: str | bytes | None) -> str:
     return prompt
 
 
+PROMPT_TOO_LONG = "tokens; allowed: at most"  # in the error below; clients that adapt their prompts match it
+
+
 def validate_prompt_length(prompt_token_count: int, limits: Limits) -> None:
     """Reject prompts longer than the deployment allows (they would not fit the KV budget)."""
     if prompt_token_count > limits.max_prompt_tokens:
-        raise _invalid(
-            f"prompt has {prompt_token_count} tokens; allowed: at most {limits.max_prompt_tokens} tokens"
-        )
+        raise _invalid(f"prompt has {prompt_token_count} {PROMPT_TOO_LONG} {limits.max_prompt_tokens} tokens")
 
 
 def validate_tenant(tenant: str | bytes | None) -> str:

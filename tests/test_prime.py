@@ -21,6 +21,12 @@ def test_prime_sends_warmup_tier_requests_through_the_ensemble(grpc_url, metrics
     assert finished(metrics_url, "standard") == standard_before
 
 
+def test_a_prompt_over_the_deployments_limit_is_halved_until_it_fits(grpc_url):
+    """A small max_seq_len must not leave a replica unprimed (and its health check failing) for good."""
+    result = prime(PrimeConfig(url=grpc_url, lengths=(5000,), rounds=1))  # the tiny stack allows 2047 tokens
+    assert result.ok and result.shortened >= 1 and result.requests == result.shortened + 1
+
+
 def test_prime_once_primes_then_only_checks_the_marker(grpc_url, tmp_path):
     marker = tmp_path / "primed"
     first = prime_once(PrimeConfig(url=grpc_url, lengths=(4,), rounds=1), marker)
