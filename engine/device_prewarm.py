@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoConfig
+from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from engine.model_runner import ModelRunner
-from engine.sampling import Sampler
+from engine.sampling import warm_sampling
 from engine.warmup import StageTiming
 
 
@@ -51,15 +51,6 @@ class PrewarmShape:
     buckets: tuple[int, ...]
     pools: Sequence[tuple[int, int]]
     order: Sequence[int]  # prompt buckets, most used first
-
-
-def warm_sampling(vocab_size: int, slots: int, device: torch.device) -> int:
-    """One greedy and one top-k/top-p pick: the sampling path's kernels (also the warmup's stage)."""
-    logits = torch.randn(slots, vocab_size, device=device)
-    samplers = [Sampler(0.0, 1.0, 0, None, device), Sampler(0.8, 0.9, 40, 0, device)]
-    for sampler in samplers:
-        sampler.pick(logits[0])
-    return len(samplers)
 
 
 class DevicePrewarm:
@@ -115,10 +106,10 @@ class DevicePrewarm:
     @torch.inference_mode()
     def _work(self) -> None:
         shape = self.shape
-        vocab_size = AutoConfig.from_pretrained(self.model_dir).vocab_size
-        warm_sampling(vocab_size, shape.slots, self.device)  # needs no model: first
+        config = AutoConfig.from_pretrained(self.model_dir)
+        warm_sampling(config.vocab_size, shape.slots, self.device)  # needs no model: first
         self._done("sampling", 0)
-        runner = self._one_layer_runner()
+        runner = self._one_layer_runner(config)
         items = [("prefill", bucket) for bucket in shape.order]
         items += [("decode", bucket) for bucket in runner.kv_buckets]
         self.summary.planned = 1 + len(items)
@@ -134,8 +125,8 @@ class DevicePrewarm:
         self.summary.items += 1
         self.summary.done.append(f"{kind}:{bucket}" if bucket else kind)
 
-    def _one_layer_runner(self) -> ModelRunner:
-        config = copy.deepcopy(AutoConfig.from_pretrained(self.model_dir))
+    def _one_layer_runner(self, config: PretrainedConfig) -> ModelRunner:
+        config = copy.deepcopy(config)
         config.num_hidden_layers = 1
         if getattr(config, "layer_types", None):
             config.layer_types = config.layer_types[:1]

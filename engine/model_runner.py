@@ -101,6 +101,7 @@ class ModelRunner:
         self.scaling = attn.scaling
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
+        self.gqa = self.kv_heads != self.num_heads  # grouped-query attention: SDPA's enable_gqa
         limit = getattr(config, "max_position_embeddings", max_len) or max_len
         self.max_len = min(max_len, limit)
         self.kv_buckets = tuple(b for b in kv_buckets if b < self.max_len) + (self.max_len,)
@@ -352,7 +353,6 @@ class ModelRunner:
         pool, local = self._slot_pool[slot]
         cache = pool.cache
         end = start + padded_len
-        gqa = self.kv_heads != self.num_heads
         offset = causal_lower_right(padded_len, end) if start else None
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -360,7 +360,7 @@ class ModelRunner:
             cache[layer, 1, local, :, start:end] = v[0]
             if offset is None:
                 return F.scaled_dot_product_attention(
-                    q, k, v, is_causal=True, scale=self.scaling, enable_gqa=gqa
+                    q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.gqa
                 )
             keys = self.expand_heads(cache[layer, 0, local, :, :end].unsqueeze(0))
             values = self.expand_heads(cache[layer, 1, local, :, :end].unsqueeze(0))
@@ -378,7 +378,6 @@ class ModelRunner:
     def _decode_attention(self, positions: torch.Tensor, kv_len: int, mask: torch.Tensor, opaque_write: bool):
         """Each pool attends over its own slots, up to the smaller of `kv_len` and its capacity (both
         are KV buckets, so every pool's shape is fixed by `kv_len`: one graph per bucket still)."""
-        gqa = self.kv_heads != self.num_heads
         spans = [
             (pool, slice(pool.first, pool.first + pool.slots), min(kv_len, pool.capacity))
             for pool in self.pools
@@ -400,7 +399,7 @@ class ModelRunner:
                         cache[layer, 1, :, :, :length],
                         attn_mask=mask[rows, ..., :length],
                         scale=self.scaling,
-                        enable_gqa=gqa,
+                        enable_gqa=self.gqa,
                     )
                 )
             return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -117,13 +117,12 @@ class PrefillGraphs:
 
     def _whole_attention(self, bucket: int):
         runner, stage = self.runner, self._stage
-        gqa = runner.kv_heads != runner.num_heads
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             stage[layer, 0, :, :bucket] = k[0]
             stage[layer, 1, :, :bucket] = v[0]
             return F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=runner.scaling, enable_gqa=gqa
+                q, k, v, is_causal=True, scale=runner.scaling, enable_gqa=runner.gqa
             )
 
         return attend

@@ -48,3 +48,13 @@ def pick_tokens(logits: torch.Tensor, samplers: dict[int, Sampler]) -> dict[int,
     """Next token for each slot in `samplers`; greedy slots share one argmax over the batch."""
     greedy = torch.argmax(logits, dim=-1).tolist()
     return {slot: greedy[slot] if s.greedy else s.pick(logits[slot]) for slot, s in samplers.items()}
+
+
+def warm_sampling(vocab_size: int, slots: int, device: torch.device) -> int:
+    """One greedy and one top-k/top-p pick on random logits: the sampling path's kernels loaded before
+    the first request needs them (the warmup's sampling stage and engine/device_prewarm.py)."""
+    logits = torch.randn(slots, vocab_size, device=device)
+    samplers = [Sampler(0.0, 1.0, 0, None, device), Sampler(0.8, 0.9, 40, 0, device)]
+    for sampler in samplers:
+        sampler.pick(logits[0])
+    return len(samplers)

@@ -30,7 +30,7 @@ from engine.engine import Engine
 from engine.l3_prefetch import L3Prefetcher
 from engine.observer import EngineObserver, EngineStats
 from engine.requests import EngineRequest
-from engine.sampling import Sampler
+from engine.sampling import warm_sampling
 from scheduler.messages import EngineRequestParams
 
 
@@ -317,11 +317,7 @@ def run_warmup(
     report.stages.extend(kernels.timings())
 
     def sampling() -> int:
-        logits = torch.randn(runner.slots, runner.model.config.vocab_size, device=runner.device)
-        samplers = [Sampler(0.0, 1.0, 0, None, runner.device), Sampler(0.8, 0.9, 40, 0, runner.device)]
-        for sampler in samplers:
-            sampler.pick(logits[0])
-        return len(samplers)
+        return warm_sampling(runner.model.config.vocab_size, runner.slots, runner.device)
 
     def requests() -> int:
         observer, engine.observer = engine.observer, EngineObserver()
