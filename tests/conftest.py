@@ -7,11 +7,13 @@
   ('http://localhost:P/metrics'), ``redis_url`` ('redis://localhost:P/0'): from that stack.
 - ``scrape_metrics(metrics_url) -> dict[str, float]``: a plain function (``from conftest import
   scrape_metrics``), also given as the fixture ``metrics_scraper``.
+- ``wait_for(predicate, timeout_s)``: poll a condition with a deadline, for readiness checks in tests.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
 
 from client.metrics import parse_metrics, scrape_metrics  # noqa: E402  (re-exported for tests)
 
-__all__ = ["parse_metrics", "scrape_metrics"]
+__all__ = ["parse_metrics", "scrape_metrics", "wait_for"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -88,3 +90,13 @@ def redis_server(tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def wait_for(predicate, timeout_s=30.0, interval_s=0.05):
+    """Poll a condition with a deadline (a condition check, not a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

@@ -10,7 +10,7 @@ import pytest
 from client.generate import StreamingSession
 from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, start_stack
-from tests.conftest import MODEL_DIR
+from tests.conftest import MODEL_DIR, wait_for
 
 TIERS_YAML = """
 default_tier: standard
@@ -42,21 +42,30 @@ def one_slot_stack(tmp_path_factory):
 
 
 def test_critical_overtakes_queued_batch_requests(one_slot_stack):
-    session = StreamingSession(one_slot_stack.grpc_url)
+    """The blocker holds the only slot until all three are queued in the engine, then is cancelled.
+
+    Letting the blocker run out instead raced: on a loaded machine it could finish before the
+    critical request reached the engine, and batch-1 then took the free slot (seen in CI).
+    """
+    blocker_session = StreamingSession(one_slot_stack.grpc_url)
     started: queue.Queue = queue.Queue()
-    long_sampling = {"max_tokens": 150, "ignore_eos": True}
-    blocker = session.submit(
+    long_sampling = {"max_tokens": 512, "ignore_eos": True}
+    blocker = blocker_session.submit(
         "The slot is busy with this", sampling=long_sampling, tier="batch", on_piece=started.put
     )
     started.get(timeout=60)
+    session = StreamingSession(one_slot_stack.grpc_url)
     sent: dict[str, float] = {}
     for name, tier in (("batch-1", "batch"), ("batch-2", "batch"), ("critical", "critical")):
         sent[name] = time.perf_counter()
         session.submit(f"Queued {name}", sampling={"max_tokens": 4}, tier=tier, request_id=name)
+    queued = lambda: metric_total(scrape_metrics(one_slot_stack.metrics_url), "llm_engine_queue_depth")  # noqa: E731
+    assert wait_for(lambda: queued() >= 3, timeout_s=60), f"queue depth {queued()}"
+    assert blocker in blocker_session.unfinished(), "the blocker finished before the queue filled"
+    blocker_session.cancel()
     assert session.wait(timeout_s=180)
     first_token_at = {name: sent[name] + session.result(name).ttft_s for name in sent}
     assert all(session.result(name).error is None for name in sent)
-    assert session.result(blocker).error is None
     assert first_token_at["critical"] < first_token_at["batch-1"] < first_token_at["batch-2"]
     session.close()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import queue
-import time
 
 import numpy as np
 import pytest
@@ -12,22 +11,13 @@ import tritonclient.grpc as grpcclient
 
 from client.generate import GenerationError, StreamingSession, generate
 from client.metrics import metric_total, scrape_metrics
+from tests.conftest import wait_for
 
 GREEDY = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
 
 
 def engine_metric(metrics_url: str, name: str, **labels: str) -> float:
     return metric_total(scrape_metrics(metrics_url), name, **labels)
-
-
-def wait_for(predicate, timeout_s=30.0, interval_s=0.05):
-    """Poll a condition with a deadline (a condition check, not a fixed sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
 
 
 def test_streaming_returns_text_piece_by_piece(grpc_url):
