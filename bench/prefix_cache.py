@@ -24,6 +24,7 @@ import argparse
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import (
@@ -50,6 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--throughput-requests", type=int, default=10, help="requests per turn")
     parser.add_argument("--throughput-rounds", type=int, default=40)
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="run (b) only and print it; writes no results"
+    )
     add_engine_args(parser)
     return parser.parse_args(argv)
 
@@ -95,19 +99,30 @@ def tier_options(args, tier: str, model_dir: Path, small_l1: int) -> StackOption
     return opts
 
 
-def served_blocks(metrics_url: str, probe: TtftProbe, prompts: PromptFactory) -> dict[str, float]:
-    """Blocks (L1/L2) and chains (L3 hits) served per tier so far. The engine publishes its cache
-    counters at most once a second from its serving thread, so wait past that and send one tiny request
-    (another tenant, a miss) to make it publish."""
+def cache_totals(
+    metrics_url: str, probe: TtftProbe, flush_text: str, counters: dict[str, tuple[str, str]]
+) -> dict[str, float]:
+    """{name: the engine's cache counter (tier, counter)} now. The engine publishes its cache counters at
+    most once a second from its serving thread, so wait past that and send one tiny request (another
+    tenant, a miss) to make it publish."""
     time.sleep(1.1)
-    probe.ttft_ms(prompts.make(8), tenant="bench-flush")
+    probe.ttft_ms(flush_text, tenant="bench-flush")
     m = scrape_metrics(metrics_url)
-    counters = {"l1": "hit_blocks", "l2": "hit_blocks", "l3": "hits", "l3_load": "decision_load",
-                "l3_recompute": "decision_recompute"}  # fmt: skip
     return {
-        name: metric_total(m, "llm_engine_cache_total", tier=name.split("_")[0], counter=counter)
-        for name, counter in counters.items()
+        name: metric_total(m, "llm_engine_cache_total", tier=tier, counter=counter)
+        for name, (tier, counter) in counters.items()
     }
+
+
+SERVED = {"l1": ("l1", "hit_blocks"), "l2": ("l2", "hit_blocks"), "l3": ("l3", "hits"),
+          "l3_load": ("l3", "decision_load"), "l3_recompute": ("l3", "decision_recompute")}  # fmt: skip
+BOOKKEEPING = {"lookup": ("prefix", "lookup_seconds"), "store": ("prefix", "store_seconds"),
+               "l3_probe": ("l3", "probe_seconds"), "l3_probes": ("l3", "probes")}  # fmt: skip
+
+
+def served_blocks(metrics_url: str, probe: TtftProbe, prompts: PromptFactory) -> dict[str, float]:
+    """Blocks (L1/L2) and chains (L3 hits) served per tier so far."""
+    return cache_totals(metrics_url, probe, prompts.make(8), SERVED)
 
 
 def per_tier(args, model_dir: Path, prompts: PromptFactory, lengths: list[int]) -> list[list[object]]:
@@ -154,10 +169,19 @@ def requests_per_s(probe: TtftProbe, prompts_text: list[str]) -> float:
     return len(prompts_text) / (time.perf_counter() - started)
 
 
-def throughput(args, model_dir: Path, prompts_text: list[str]) -> list[tuple[float, float]]:
+@dataclass
+class ThroughputRun:
+    rounds: list[tuple[float, float]]  # (on, off) requests/s per round
+    bookkeeping_s: dict[str, float]  # the on-server's own cache timers over the rounds (BOOKKEEPING)
+    requests: int  # requests the on-server served over the rounds
+
+
+def throughput(args, model_dir: Path, prompts_text: list[str]) -> ThroughputRun:
     """(on, off) requests/s per round: two servers up at once, measured in short alternating turns
     (`--throughput-requests` each, the order flipping every round) so that drift in the machine's load
-    hits both alike: single long runs on this VM's 2 shared cores varied by up to +-10%."""
+    hits both alike: single long runs on this VM's 2 shared cores varied by up to +-10%. The on-server's
+    own timers of the cache's work (lookup, store, the L3 probe inside lookup) are read around the rounds:
+    a figure of the cost free of the machine's noise."""
     with (
         start_stack(options(args, "throughput-on", model_dir, 256)) as on_stack,
         start_stack(options(args, "throughput-off", model_dir, 0)) as off_stack,
@@ -166,14 +190,17 @@ def throughput(args, model_dir: Path, prompts_text: list[str]) -> list[tuple[flo
         try:
             for probe in (on, off):
                 requests_per_s(probe, prompts_text[:4])  # fill the pools' first blocks, warm the path
+            before = cache_totals(on_stack.metrics_url, on, prompts_text[0][:40], BOOKKEEPING)
             rounds = []
             for index in range(args.throughput_rounds):
                 first, second = (on, off) if index % 2 == 0 else (off, on)
                 a, b = requests_per_s(first, prompts_text), requests_per_s(second, prompts_text)
                 rounds.append((a, b) if first is on else (b, a))
+            after = cache_totals(on_stack.metrics_url, on, prompts_text[0][:40], BOOKKEEPING)
             progress(f"(b) {len(rounds)} rounds: on {median([r[0] for r in rounds]):.2f}/s, "
                      f"off {median([r[1] for r in rounds]):.2f}/s (medians)")  # fmt: skip
-            return rounds
+            spent = {name: after[name] - before[name] for name in BOOKKEEPING}
+            return ThroughputRun(rounds, spent, len(rounds) * len(prompts_text) + 1)  # + the flush request
         finally:
             on.close()
             off.close()
@@ -200,46 +227,68 @@ def plot(tier_rows: list[list[object]], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    model_dir = model_dir_for(args.preset, args.model_dir)
-    lengths = [int(x) for x in args.lengths.split(",")]
-    prompts = PromptFactory(model_dir)
-    progress("(a) hit vs miss")
-    with start_stack(options(args, "hits", model_dir, 256)) as stack:
-        probe = TtftProbe(stack.grpc_url)
-        try:
-            rows = hit_vs_miss(args, probe, prompts, lengths)
-        finally:
-            probe.close()
-    table_a = print_table(["tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss"], rows)
-    progress("(a) per serving tier")
-    tier_rows = per_tier(args, model_dir, prompts, lengths)
-    table_tiers = print_table(
-        ["tier", "tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss", "blocks served L1/L2/L3",
-         "L3 load/recompute decisions"],
-        tier_rows,
-    )  # fmt: skip
-    progress("(b) throughput at 0% hit rate, cache on vs off")
-    texts = [prompts.make(256) for _ in range(args.throughput_requests)]  # new tenant per turn: 0% hits
-    rounds = throughput(args, model_dir, texts)
+def throughput_tables(run: ThroughputRun, texts: list[str]) -> tuple[str, str, float]:
+    """(b) as two tables: the side-by-side rates, and the on-server's own timers per request."""
+    rounds = run.rounds
     losses = sorted(1 - on / off for on, off in rounds)
     loss = median(losses)
     overall = 1 - sum(r[0] for r in rounds) / sum(r[1] for r in rounds)
-    table_b = print_table(
+    rates = print_table(
         ["rounds", "cache on req/s (median)", "cache off req/s (median)", "cost: median of rounds",
          "cost: P25-P75 of rounds", "cost: mean rates"],
         [[len(rounds), median([r[0] for r in rounds]), median([r[1] for r in rounds]), f"{loss * 100:.2f}%",
           f"{losses[len(losses) // 4] * 100:.1f}% to {losses[(3 * len(losses)) // 4] * 100:.1f}%",
           f"{overall * 100:.2f}%"]],
     )  # fmt: skip
-    print(f"throughput cost of the cache at 0% hits: median {loss * 100:.2f}% over {len(rounds)} rounds")
+    request_ms = 1000 * sum(len(texts) / on for on, _ in rounds) / (len(rounds) * len(texts))
+    per_request = {name: 1000 * value / run.requests for name, value in run.bookkeeping_s.items()}
+    spent_ms = per_request["lookup"] + per_request["store"]
+    timers = print_table(
+        ["request ms (cache on)", "lookup ms", "of which L3 probe ms", "L3 probes per request", "store ms",
+         "cache work per request"],
+        [[request_ms, per_request["lookup"], per_request["l3_probe"],
+          run.bookkeeping_s["l3_probes"] / run.requests, per_request["store"],
+          f"{spent_ms / request_ms * 100:.2f}%"]],
+    )  # fmt: skip
+    return rates, timers, loss
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model_dir = model_dir_for(args.preset, args.model_dir)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    prompts = PromptFactory(model_dir)
+    if not args.throughput_only:
+        progress("(a) hit vs miss")
+        with start_stack(options(args, "hits", model_dir, 256)) as stack:
+            probe = TtftProbe(stack.grpc_url)
+            try:
+                rows = hit_vs_miss(args, probe, prompts, lengths)
+            finally:
+                probe.close()
+        table_a = print_table(["tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss"], rows)
+        progress("(a) per serving tier")
+        tier_rows = per_tier(args, model_dir, prompts, lengths)
+        table_tiers = print_table(
+            ["tier", "tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss", "blocks served L1/L2/L3",
+             "L3 load/recompute decisions"],
+            tier_rows,
+        )  # fmt: skip
+    progress("(b) throughput at 0% hit rate, cache on vs off")
+    texts = [prompts.make(256) for _ in range(args.throughput_requests)]  # new tenant per turn: 0% hits
+    run = throughput(args, model_dir, texts)
+    table_b, table_timers, loss = throughput_tables(run, texts)
+    print(f"throughput cost of the cache at 0% hits: median {loss * 100:.2f}% over {len(run.rounds)} rounds")
+    if args.throughput_only:
+        return 0
     tag = args.tag or args.device.split(":")[0]
     command = "python -m bench.prefix_cache " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
     payload = {
-        "hit_vs_miss": rows, "per_tier": tier_rows, "throughput": {"rounds": rounds, "median_loss": loss},
+        "hit_vs_miss": rows, "per_tier": tier_rows,
+        "throughput": {"rounds": run.rounds, "median_loss": loss, "requests": run.requests,
+                       "bookkeeping_s": run.bookkeeping_s},
         "device": args.device,
     }  # fmt: skip
     text = (
@@ -248,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         f"of a device pool sized for one long prompt; 'blocks served' are the engine's own counters over "
         f"the row, evictors and misses included)\n{table_tiers}\n\n(b)\n{table_b}\n\n"
         f"throughput cost at 0% hits (L1 store and L3 publish on every request vs no prefix cache): median "
-        f"{loss * 100:.2f}% over {len(rounds)} rounds of {args.throughput_requests} requests per server, "
-        "alternating"
+        f"{loss * 100:.2f}% over {len(run.rounds)} rounds of {args.throughput_requests} requests per server, "
+        f"alternating.\n\nThe cache-on server's own timers over those rounds (host clock, per request; "
+        f'`llm_engine_cache_total{{tier="prefix"|"l3"}}`), the same cost without the machine\'s noise:\n'
+        f"{table_timers}"
     )
     base = write_results("prefix-cache", tag, payload, text, command, args.out_dir)
     plot(tier_rows, base.with_suffix(".png"))

@@ -44,6 +44,8 @@ class KVStoreStats:
     bytes_loaded: int = 0
     load_seconds: float = 0.0  # wall time of lookups that returned blocks (round trip + verify)
     bytes_stored: int = 0
+    probes: int = 0  # exists_chain calls that reached Redis: one round trip each, on the request's path
+    probe_seconds: float = 0.0
 
 
 class _Unavailable:
@@ -189,9 +191,13 @@ class RedisKVStore:
                 pipe.exists(name)
             return pipe.execute()
 
+        started = time.perf_counter()
         found = self._call(op)
         if isinstance(found, _Unavailable):
             return 0
+        with self._lock:
+            self._stats.probes += 1
+            self._stats.probe_seconds += time.perf_counter() - started
         run = 0
         for n in found:
             if not n:

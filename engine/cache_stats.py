@@ -10,16 +10,24 @@ from engine.response_tier import ResponseTier
 # seconds_saved: sum over reuses of (predicted recompute - load time) where positive;
 # seconds_lost_slow_load and slow_loads: the excess and the count where the load took longer
 REUSE_COUNTERS = ("tokens_loaded", "seconds_saved", "seconds_lost_slow_load", "slow_loads")
+# probes: exists_chain round trips asked on a request's path (an L1/L2 miss), probe_seconds their time
+L3_COUNTERS = (
+    "hits", "misses", "checksum_failures", "incompatible", "errors", "bytes_loaded", "load_seconds",
+    "probes", "probe_seconds",
+)  # fmt: skip
 
 
 def cache_counters(
     prefix: PrefixCache | None, responses: ResponseTier | None
 ) -> dict[tuple[str, str], float]:
-    """{(tier, counter): cumulative value}; tiers: l1, l2, l3, exact, semantic."""
+    """{(tier, counter): cumulative value}; tiers: l1, l2, l3, exact, semantic, and prefix (the prefix
+    cache's bookkeeping time: what every request pays for it, hit or miss)."""
     out: dict[tuple[str, str], float] = {}
     if prefix is not None:
         out[("l1", "hit_blocks")] = prefix.hit_blocks
         out[("l1", "evictions")] = prefix.evictions
+        out[("prefix", "lookup_seconds")] = prefix.lookup_seconds  # the cache's own cost per request
+        out[("prefix", "store_seconds")] = prefix.store_seconds
         tiers = ["l1"]
         if prefix.l2 is not None:
             out[("l2", "hit_blocks")] = prefix.l2.hits
@@ -33,9 +41,8 @@ def cache_counters(
                 out[(tier, name)] = getattr(totals, name)
         if prefix.l3 is not None:
             stats = asdict(prefix.l3.store.stats)
-            for name in ("hits", "misses", "checksum_failures", "incompatible", "errors", "bytes_loaded"):
+            for name in L3_COUNTERS:
                 out[("l3", name)] = stats[name]
-            out[("l3", "load_seconds")] = stats["load_seconds"]
             for decision, count in prefix.l3.cost.decisions.items():
                 out[("l3", f"decision_{decision}")] = count
     if responses is not None:

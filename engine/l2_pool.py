@@ -47,29 +47,45 @@ class HostBlockPool:
         """Keep a copy of `block`; False when every slot holds a pinned (or kept) block. `non_blocking`
         from a CUDA block: the caller synchronizes before anything reads the slot (put_many does).
         `keep`: keys that must not be evicted to make room (blocks the caller is still reading)."""
-        if key not in self.index:
-            index = self.free.pop() if self.free else self._evict(keep)
-            if index is None:
-                return False
-            self.index[key] = index
-            self.history[key] = deque(maxlen=self.k)
-            self.uses[key] = 0
-        self.pool[self.index[key]].copy_(block, non_blocking=non_blocking)
-        if pin:
-            self.pinned.add(key)
-        self._touch(key)
-        return True
+        index = self._slot_for(key, pin, keep)
+        if index is not None:
+            self.pool[index].copy_(block, non_blocking=non_blocking)
+        return index is not None
 
     def put_many(self, keys: list[bytes], blocks: torch.Tensor, keep: frozenset[bytes] = frozenset()) -> int:
         """`put` for a run of blocks [n, ...] on any device. From CUDA each block is copied straight
         into its pinned slot asynchronously and one synchronize ends the run: copying the run to
-        pageable host memory first and then into the slots cost ~10x more on the H200."""
-        stored = sum(
-            self.put(key, block, non_blocking=blocks.is_cuda, keep=keep) for key, block in zip(keys, blocks)
-        )
+        pageable host memory first and then into the slots cost ~10x more on the H200. From host
+        memory the run is one scatter, not a copy per block."""
         if blocks.is_cuda:
+            puts = (self.put(key, block, non_blocking=True, keep=keep) for key, block in zip(keys, blocks))
+            stored = sum(puts)
             torch.cuda.current_stream(blocks.device).synchronize()
+            return stored
+        stored, row_of_slot = 0, {}  # a run longer than the pool reuses slots: the later block wins
+        for row, key in enumerate(keys):
+            if (index := self._slot_for(key, False, keep)) is not None:
+                stored += 1
+                row_of_slot[index] = row
+        if row_of_slot:
+            rows = list(row_of_slot.values())
+            source = blocks if rows == list(range(len(blocks))) else blocks[rows]
+            self.pool[torch.tensor(list(row_of_slot))] = source.to(self.pool.dtype)
         return stored
+
+    def _slot_for(self, key: bytes, pin: bool, keep: frozenset[bytes]) -> int | None:
+        """The slot `key` is (re)written to, counted as a use; None when every slot is pinned or kept."""
+        if key not in self.index:
+            index = self.free.pop() if self.free else self._evict(keep)
+            if index is None:
+                return None
+            self.index[key] = index
+            self.history[key] = deque(maxlen=self.k)
+            self.uses[key] = 0
+        if pin:
+            self.pinned.add(key)
+        self._touch(key)
+        return self.index[key]
 
     def get(self, key: bytes) -> torch.Tensor | None:
         index = self.index.get(key)

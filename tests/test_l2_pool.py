@@ -72,6 +72,24 @@ def test_a_run_of_blocks_is_kept_block_by_block():
     assert torch.equal(pool.get(b"x"), block(5)) and torch.equal(pool.get(b"y"), block(6))
 
 
+@pytest.mark.parametrize(
+    "keep", [frozenset(), frozenset({b"old"})], ids=["run-longer-than-the-pool", "a-kept-slot"]
+)
+def test_a_run_scattered_at_once_leaves_the_pool_as_block_by_block_puts_would(keep):
+    """put_many writes a host run with one scatter; slots reused inside the run must end with the
+    later block, exactly as a put per block leaves them."""
+    keys = [b"k%d" % i for i in range(5)]
+    run = torch.stack([block(i) for i in range(5)])
+    batched, sequential = (HostBlockPool(3, (2, 3), torch.float32, pin=False) for _ in range(2))
+    for pool in (batched, sequential):
+        pool.put(b"old", block(-1))
+    stored = batched.put_many(keys, run, keep=keep)
+    assert stored == sum(sequential.put(key, row, keep=keep) for key, row in zip(keys, run))
+    assert set(batched.index) == set(sequential.index)
+    for key in sequential.index:
+        assert torch.equal(batched.get(key), sequential.get(key)), key
+
+
 def test_victims_skip_kept_keys_without_losing_them():
     pool = HostBlockPool(3, (2, 3), torch.float32, pin=False, k=2)
     for key in (b"a", b"b", b"c"):
