@@ -95,9 +95,10 @@ class TtftProbe:
         max_tokens: int = PROBE_MAX_TOKENS,
         tier: str | None = None,
         tenant: str | None = None,
+        cache: str | None = None,
     ) -> float:
         sampling = {"max_tokens": max_tokens, "ignore_eos": True}
-        rid = self.session.submit(prompt, sampling=sampling, tier=tier, tenant=tenant)
+        rid = self.session.submit(prompt, sampling=sampling, tier=tier, tenant=tenant, cache=cache)
         if not self.session.wait([rid], timeout_s=300):
             raise TimeoutError(f"request {rid} did not finish within 300 s")
         result = self.session.result(rid)

@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past EOS")
     gen.add_argument("--tier", help="slo_tier, e.g. critical | warmup | standard | batch")
     gen.add_argument("--tenant", help="tenant id")
+    gen.add_argument("--cache", choices=("use", "bypass"), help="bypass: read and write no cache tier")
     gen.add_argument("--no-stream", dest="stream", action="store_false", help="one response, not pieces")
     gen.add_argument("--exclude-input", dest="exclude_input_in_output", action="store_true", default=None,
                      help="send exclude_input_in_output=true")  # fmt: skip
@@ -117,7 +118,7 @@ def run_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         result = generate(
             args.url, args.prompt, sampling=sampling_from_args(args), stream=args.stream,
             exclude_input_in_output=args.exclude_input_in_output, tier=args.tier, tenant=args.tenant,
-            model=args.model, on_piece=show, timeout_s=args.timeout,
+            cache=args.cache, model=args.model, on_piece=show, timeout_s=args.timeout,
         )  # fmt: skip
     except (GenerationError, InferenceServerException, OSError) as exc:
         out.write("\n")

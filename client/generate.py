@@ -62,6 +62,7 @@ def input_arrays(
     exclude_input_in_output: bool | None = None,
     tier: str | None = None,
     tenant: str | None = None,
+    cache: str | None = None,
 ) -> dict[str, np.ndarray]:
     """The request tensors by name; optional inputs only when given, so server defaults apply."""
     arrays: dict[str, np.ndarray] = {
@@ -77,6 +78,8 @@ def input_arrays(
         arrays["slo_tier"] = np.array([tier.encode("utf-8")], dtype=np.object_)
     if tenant is not None:
         arrays["tenant"] = np.array([tenant.encode("utf-8")], dtype=np.object_)
+    if cache is not None:  # "use" (default) or "bypass": no cache tier is read or written
+        arrays["cache"] = np.array([cache.encode("utf-8")], dtype=np.object_)
     return arrays
 
 
@@ -169,6 +172,7 @@ class StreamingSession:
         exclude_input_in_output: bool | None = None,
         tier: str | None = None,
         tenant: str | None = None,
+        cache: str | None = None,
         on_piece: PieceCallback | None = None,
         request_id: str | None = None,
         triton_priority: bool = True,
@@ -180,7 +184,7 @@ class StreamingSession:
         """
         inputs = build_inputs(
             prompt, sampling=sampling, stream=stream, exclude_input_in_output=exclude_input_in_output,
-            tier=tier, tenant=tenant,
+            tier=tier, tenant=tenant, cache=cache,
         )  # fmt: skip
         rid = request_id or f"{self._prefix}-{next(self._ids)}"
         with self._lock:
@@ -342,6 +346,7 @@ def generate(
     exclude_input_in_output: bool | None = None,
     tier: str | None = None,
     tenant: str | None = None,
+    cache: str | None = None,
     model: str = "llm",
     on_piece: PieceCallback | None = None,
     timeout_s: float = 120.0,
@@ -350,7 +355,7 @@ def generate(
     with StreamingSession(url, model=model) as session:
         rid = session.submit(
             prompt, sampling=sampling, stream=stream, exclude_input_in_output=exclude_input_in_output,
-            tier=tier, tenant=tenant, on_piece=on_piece,
+            tier=tier, tenant=tenant, cache=cache, on_piece=on_piece,
         )  # fmt: skip
         if not session.wait([rid], timeout_s):
             session.cancel()

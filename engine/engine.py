@@ -127,8 +127,10 @@ class Engine:
         request.received_ns = request.received_ns or time.time_ns()
         if self.recorder is not None and request.params.tier != "warmup":  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))
-        if self.responses is not None and (
-            cached := self.responses.lookup(request.prompt_ids, request.params)
+        if (
+            self.responses is not None
+            and not request.params.bypass_cache
+            and (cached := self.responses.lookup(request.prompt_ids, request.params))
         ):
             self._answer_from_cache(request, cached)
             return
@@ -430,7 +432,8 @@ class Engine:
         state.slot = slot
         self._active[slot] = state
         started = time.perf_counter()
-        self.prefill(slot, self._computed_tokens(state), state.request.params.tenant)
+        params = state.request.params
+        self.prefill(slot, self._computed_tokens(state), params.tenant, use_cache=not params.bypass_cache)
         self.stats.resumes += 1
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
 
@@ -445,7 +448,8 @@ class Engine:
         )
         self._active[slot] = state
         started = time.perf_counter()
-        logits, reused = self.prefill(slot, request.prompt_ids, params.tenant)
+        use_cache = not params.bypass_cache
+        logits, reused = self.prefill(slot, request.prompt_ids, params.tenant, use_cache=use_cache)
         token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]  # waits for the device
         computed, seconds = len(request.prompt_ids) - reused, max(time.perf_counter() - started, 1e-6)
         self.prefill_rate.update(computed / seconds)
@@ -454,7 +458,7 @@ class Engine:
         self.stats.prefill_steps += 1
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
         self._accept_token(state, token)  # the first token leaves before any metrics round trip
-        if self.prefix_cache is not None:  # the slot keeps the prompt's KV until this thread reuses it
+        if self.prefix_cache is not None and use_cache:  # the slot keeps the prompt's KV until reused
             self.prefix_cache.store(slot, request.prompt_ids, params.tenant, publish=params.tier == "warmup")
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
         self.observer.on_first_token(params.tier, ttft_s)
@@ -463,10 +467,13 @@ class Engine:
             self.feedback.window.observe(params.tier, ttft_s * 1000.0)
         self.observer.on_prefix(reused, len(request.prompt_ids))
 
-    def prefill(self, slot: int, prompt: list[int], tenant: str) -> tuple[torch.Tensor, int]:
-        """Prefill `slot`, reusing this tenant's longest cached prefix; returns (logits, tokens reused)."""
+    def prefill(
+        self, slot: int, prompt: list[int], tenant: str, use_cache: bool = True
+    ) -> tuple[torch.Tensor, int]:
+        """Prefill `slot`, reusing this tenant's longest cached prefix unless `use_cache` is off;
+        returns (logits, tokens reused)."""
         reused = 0
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and use_cache:
             hits = self.prefix_cache.lookup(prompt, tenant)
             if hits:
                 reused = self.prefix_cache.load(slot, hits)
@@ -520,7 +527,8 @@ class Engine:
     def _emit(self, state: _Active, final: bool) -> None:
         params = state.request.params
         ready, trim = state.stop.releasable(finished=final)
-        if final and self.responses is not None and state.done in ("stop", "length"):
+        keep = final and state.done in ("stop", "length") and not params.bypass_cache
+        if keep and self.responses is not None:
             self.responses.remember(state.request.prompt_ids, params, state.output[:ready], trim)
         if params.stream:
             if ready <= state.sent and not final:

@@ -26,6 +26,7 @@ class EngineRequestParams:
     tier: str = "standard"
     tenant: str = "default"
     arrival_ns: int = 0
+    bypass_cache: bool = False  # read and write no cache tier (prefix L1/L2/L3, exact, semantic)
 
     @property
     def greedy(self) -> bool:

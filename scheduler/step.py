@@ -34,6 +34,7 @@ class SchedulerStep:
         tier: str | bytes | None,
         tenant: str | bytes | None,
         now_ns: int,
+        cache: str | bytes | None = None,
     ) -> PreparedRequest:
         """Raises RequestError (INVALID_ARG) naming what was wrong and what is allowed."""
         ids = self.encode(validate_prompt(text))
@@ -48,6 +49,7 @@ class SchedulerStep:
             limits=self.limits,
             tiers=self.tiers,
             now_ns=now_ns,
+            cache=cache,
         )
         priority, deadline_ns = assign(self.tiers.get(params.tier), now_ns)
         return PreparedRequest(ids, params, priority, deadline_ns)

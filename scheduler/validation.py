@@ -24,6 +24,7 @@ MAX_TEMPERATURE = 2.0
 DEFAULT_TENANT = "default"
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 TENANT_RULE = "1..64 characters from [A-Za-z0-9_.-]"
+CACHE_MODES = ("use", "bypass")
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,17 @@ def validate_tenant(tenant: str | bytes | None) -> str:
     return name
 
 
+def validate_cache_mode(cache: str | bytes | None) -> bool:
+    """True for "bypass": the request is computed from scratch and nothing of it is kept in any cache
+    (prompts that must not persist in Redis; the cache's own cost measured in one server)."""
+    mode = _decode_utf8(cache, "cache") if isinstance(cache, bytes) else cache
+    if mode is None or mode == "":
+        return False
+    if mode not in CACHE_MODES:
+        raise _invalid(f"invalid cache {mode!r}; allowed: {', '.join(CACHE_MODES)} (default use)")
+    return mode == "bypass"
+
+
 def validate_tier(tier: str | bytes | None, tiers: TierTable) -> str:
     """The tier's name; None or empty selects the table's default tier."""
     name = _decode_utf8(tier, "slo_tier") if isinstance(tier, bytes) else tier
@@ -257,6 +269,7 @@ def build_request(
     limits: Limits,
     tiers: TierTable,
     now_ns: int,
+    cache: str | bytes | None = None,
 ) -> EngineRequestParams:
     """Validate one request's inputs (as the scheduler step received them) into engine parameters.
 
@@ -272,4 +285,5 @@ def build_request(
         tier=validate_tier(tier, tiers),
         tenant=validate_tenant(tenant),
         arrival_ns=int(now_ns),
+        bypass_cache=validate_cache_mode(cache),
     )

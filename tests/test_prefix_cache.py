@@ -62,6 +62,17 @@ def test_tenants_never_share_cached_prefixes(model):  # noqa: F811
     assert engine.stats.prefix_reused_tokens == 48
 
 
+def test_a_bypass_request_neither_reuses_nor_leaves_a_prefix(model):  # noqa: F811
+    engine = make_engine(model)
+    expected = run(engine, PREFIX + [5, 6, 7], bypass_cache=True)
+    assert not engine.prefix_cache.index, "a bypass request stored its blocks"
+    run(engine, PREFIX + [9])  # an ordinary request fills the cache
+    assert run(engine, PREFIX + [5, 6, 7], bypass_cache=True) == expected
+    assert engine.stats.prefix_reused_tokens == 0, "a bypass request reused a cached prefix"
+    run(engine, PREFIX + [5, 6, 7])
+    assert engine.stats.prefix_reused_tokens == 48
+
+
 def test_eviction_takes_unpinned_tails_first(model):  # noqa: F811
     engine = make_engine(model, capacity=6)
     cache = engine.prefix_cache

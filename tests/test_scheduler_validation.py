@@ -18,12 +18,12 @@ TIERS = TierTable.defaults()
 def build(
     text: str | bytes = "hello", sampling: str | bytes | None = None, **kw: object
 ) -> EngineRequestParams:
-    args = {"stream": None, "exclude_input_in_output": None, "tier": None, "tenant": None}
+    args = {"stream": None, "exclude_input_in_output": None, "tier": None, "tenant": None, "cache": None}
     args.update(kw)
     count = args.pop("prompt_token_count", 3)
     return build_request(
         text, sampling, args["stream"], args["exclude_input_in_output"], args["tier"], args["tenant"],
-        prompt_token_count=count, limits=LIMITS, tiers=TIERS, now_ns=42,
+        prompt_token_count=count, limits=LIMITS, tiers=TIERS, now_ns=42, cache=args["cache"],
     )  # fmt: skip
 
 
@@ -192,6 +192,20 @@ def test_invalid_tenants(tenant: str) -> None:
 def test_absent_tenant_is_default() -> None:
     assert build(tenant=None).tenant == "default"
     assert build(tenant="").tenant == "default"
+
+
+@pytest.mark.parametrize(("cache", "bypass"), [(None, False), ("", False), ("use", False), (b"bypass", True)])
+def test_cache_modes(cache: str | bytes | None, bypass: bool) -> None:
+    params = build(cache=cache)
+    assert params.bypass_cache is bypass
+    assert EngineRequestParams.from_bytes(params.to_bytes()).bypass_cache is bypass
+
+
+@pytest.mark.parametrize("cache", ["off", "BYPASS", "no"])
+def test_unknown_cache_mode(cache: str) -> None:
+    with pytest.raises(RequestError) as info:
+        build(cache=cache)
+    assert str(info.value) == f"invalid cache {cache!r}; allowed: use, bypass (default use)"
 
 
 def test_stream_flags() -> None:

@@ -206,6 +206,27 @@ def test_a_repeated_greedy_request_is_answered_from_the_response_cache(grpc_url,
     )
 
 
+def test_a_bypass_request_is_neither_answered_from_nor_kept_in_any_cache(grpc_url, metrics_url):
+    prompt = "Bypass probe: a long enough question to fill a few prefix blocks of sixteen tokens each"
+    sampling = {"max_tokens": 8, "ignore_eos": True}
+
+    def counters() -> tuple[float, float]:
+        m = scrape_metrics(metrics_url)
+        return (
+            metric_total(m, "llm_engine_requests_finished_total", status="cached"),
+            metric_total(m, "llm_engine_prefix_cache_tokens_total", result="reused"),
+        )
+
+    before = counters()
+    first = generate(grpc_url, prompt, sampling=sampling, tenant="bypass", cache="bypass")
+    again = generate(grpc_url, prompt, sampling=sampling, tenant="bypass", cache="bypass")
+    assert again.text == first.text and counters() == before, "a bypass request read a cache"
+    ordinary = generate(grpc_url, prompt, sampling=sampling, tenant="bypass")
+    assert ordinary.text == first.text and counters() == before, "a bypass request left an entry behind"
+    with pytest.raises(GenerationError, match="invalid cache 'off'; allowed: use, bypass"):
+        generate(grpc_url, prompt, sampling=sampling, cache="off")
+
+
 def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
     prompt, sampling = "Cache counters probe", {"max_tokens": 4, "ignore_eos": True}
 

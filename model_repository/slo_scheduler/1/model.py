@@ -64,6 +64,7 @@ class TritonPythonModel:
             extra = request_parameters(request)
             tier = _optional(request, "slo_tier")
             tenant = _optional(request, "tenant")
+            cache = _optional(request, "cache")
             prepared = self.step.prepare(
                 text=_optional(request, "text_input"),
                 sampling_json=_optional(request, "sampling_parameters"),
@@ -72,6 +73,7 @@ class TritonPythonModel:
                 tier=tier if tier is not None else extra.get("slo_tier"),
                 tenant=tenant if tenant is not None else extra.get("tenant"),
                 now_ns=time.time_ns(),
+                cache=cache if cache is not None else extra.get("cache"),
             )
         except Exception as exc:  # every failure becomes this request's error, never the server's
             return error_response(exc)
