@@ -9,8 +9,10 @@
       l3  the same small device pool and no host pool: the evicted prefix is found in Redis (the
           cost model decides whether loading beats recomputing; the decisions are reported).
     Which tier served is read from the engine's cache counters (blocks per tier), not assumed;
-(b) throughput at 0% hit rate with the prefix cache on vs off (a second server with
-    prefix_cache_blocks=0), to show what maintaining the cache costs.
+(b) throughput at 0% hit rate, requests that use the prefix cache vs requests that bypass every
+    cache (`cache=bypass`), interleaved on one server, to show what maintaining the cache costs; an
+    A/A control (bypassed vs bypassed) gives the method's floor, and the server's own timers of its
+    cache work give the same cost without the machine's noise.
 Writes bench/results/prefix-cache-<tag>.{json,md,png}.
 
     python -m bench.prefix_cache                       # CPU, tiny model
@@ -51,6 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--throughput-requests", type=int, default=10, help="requests per turn")
     parser.add_argument("--throughput-rounds", type=int, default=40)
+    parser.add_argument("--control-rounds", type=int, default=10, help="A/A rounds, both halves bypassed")
     parser.add_argument(
         "--throughput-only", action="store_true", help="run (b) only and print it; writes no results"
     )
@@ -162,48 +165,55 @@ def per_tier(args, model_dir: Path, prompts: PromptFactory, lengths: list[int]) 
     return rows
 
 
-def requests_per_s(probe: TtftProbe, prompts_text: list[str]) -> float:
+def requests_per_s(probe: TtftProbe, prompts_text: list[str], cache: str | None = None) -> float:
     started = time.perf_counter()
-    for i, text in enumerate(prompts_text):
-        probe.ttft_ms(text, max_tokens=16, tenant=f"bench-t{i}-{started}")  # own tenant: 0% hits
+    for i, text in enumerate(prompts_text):  # own tenant: 0% hits
+        probe.ttft_ms(text, max_tokens=16, tenant=f"bench-t{i}-{started}", cache=cache)
     return len(prompts_text) / (time.perf_counter() - started)
 
 
 @dataclass
 class ThroughputRun:
-    rounds: list[tuple[float, float]]  # (on, off) requests/s per round
-    bookkeeping_s: dict[str, float]  # the on-server's own cache timers over the rounds (BOOKKEEPING)
-    requests: int  # requests the on-server served over the rounds
+    rounds: list[tuple[float, float]]  # (cache used, cache bypassed) requests/s per round
+    control: list[tuple[float, float]]  # A/A rounds, both halves bypassed: the method's own noise and bias
+    bookkeeping_s: dict[str, float]  # the server's own cache timers over the rounds (BOOKKEEPING)
+    requests: int  # requests that used the cache over the rounds
+
+
+def alternating(probe: TtftProbe, texts: list[str], modes: tuple[str | None, str | None], rounds: int):
+    """(rate of modes[0], rate of modes[1]) per round, the order flipping every round."""
+    out = []
+    for index in range(rounds):
+        flip = index % 2 == 1
+        first, second = (modes[1], modes[0]) if flip else modes
+        a, b = requests_per_s(probe, texts, first), requests_per_s(probe, texts, second)
+        out.append((b, a) if flip else (a, b))
+    return out
 
 
 def throughput(args, model_dir: Path, prompts_text: list[str]) -> ThroughputRun:
-    """(on, off) requests/s per round: two servers up at once, measured in short alternating turns
-    (`--throughput-requests` each, the order flipping every round) so that drift in the machine's load
-    hits both alike: single long runs on this VM's 2 shared cores varied by up to +-10%. The on-server's
-    own timers of the cache's work (lookup, store, the L3 probe inside lookup) are read around the rounds:
-    a figure of the cost free of the machine's noise."""
-    with (
-        start_stack(options(args, "throughput-on", model_dir, 256)) as on_stack,
-        start_stack(options(args, "throughput-off", model_dir, 0)) as off_stack,
-    ):
-        on, off = TtftProbe(on_stack.grpc_url), TtftProbe(off_stack.grpc_url)
+    """(used, bypassed) requests/s per round on ONE server, in short alternating turns
+    (`--throughput-requests` each, the order flipping every round): bypassed requests read and write no
+    cache tier, so the difference is the cache's whole cost per request. Two servers (one without a
+    cache) were biased: an A/A run of that design, both servers without a cache, showed 5.4% between
+    them, more than the effect. A/A rounds here (both halves bypassed) show this method's floor. The
+    server's own timers of the cache's work (lookup, store, the L3 probe inside lookup) are read around
+    the rounds: the same cost free of the machine's noise."""
+    with start_stack(options(args, "throughput", model_dir, 256)) as stack:
+        probe = TtftProbe(stack.grpc_url)
         try:
-            for probe in (on, off):
-                requests_per_s(probe, prompts_text[:4])  # fill the pools' first blocks, warm the path
-            before = cache_totals(on_stack.metrics_url, on, prompts_text[0][:40], BOOKKEEPING)
-            rounds = []
-            for index in range(args.throughput_rounds):
-                first, second = (on, off) if index % 2 == 0 else (off, on)
-                a, b = requests_per_s(first, prompts_text), requests_per_s(second, prompts_text)
-                rounds.append((a, b) if first is on else (b, a))
-            after = cache_totals(on_stack.metrics_url, on, prompts_text[0][:40], BOOKKEEPING)
-            progress(f"(b) {len(rounds)} rounds: on {median([r[0] for r in rounds]):.2f}/s, "
-                     f"off {median([r[1] for r in rounds]):.2f}/s (medians)")  # fmt: skip
+            requests_per_s(probe, prompts_text[:4])  # fill the pool's first blocks, warm the path
+            flush = prompts_text[0][:40]
+            before = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
+            rounds = alternating(probe, prompts_text, (None, "bypass"), args.throughput_rounds)
+            after = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
+            control = alternating(probe, prompts_text, ("bypass", "bypass"), args.control_rounds)
+            progress(f"(b) {len(rounds)} rounds: used {median([r[0] for r in rounds]):.2f}/s, "
+                     f"bypassed {median([r[1] for r in rounds]):.2f}/s (medians)")  # fmt: skip
             spent = {name: after[name] - before[name] for name in BOOKKEEPING}
-            return ThroughputRun(rounds, spent, len(rounds) * len(prompts_text) + 1)  # + the flush request
+            return ThroughputRun(rounds, control, spent, len(rounds) * len(prompts_text) + 1)  # + a flush
         finally:
-            on.close()
-            off.close()
+            probe.close()
 
 
 def plot(tier_rows: list[list[object]], path: Path) -> None:
@@ -227,24 +237,31 @@ def plot(tier_rows: list[list[object]], path: Path) -> None:
     plt.close(fig)
 
 
-def throughput_tables(run: ThroughputRun, texts: list[str]) -> tuple[str, str, float]:
-    """(b) as two tables: the side-by-side rates, and the on-server's own timers per request."""
-    rounds = run.rounds
-    losses = sorted(1 - on / off for on, off in rounds)
-    loss = median(losses)
+def cost_row(label: str, rounds: list[tuple[float, float]]) -> list[object]:
+    losses = sorted(1 - a / b for a, b in rounds)
     overall = 1 - sum(r[0] for r in rounds) / sum(r[1] for r in rounds)
+    return [label, len(rounds), median([r[0] for r in rounds]), median([r[1] for r in rounds]),
+            f"{median(losses) * 100:.2f}%",
+            f"{losses[len(losses) // 4] * 100:.1f}% to {losses[(3 * len(losses)) // 4] * 100:.1f}%",
+            f"{overall * 100:.2f}%"]  # fmt: skip
+
+
+def throughput_tables(run: ThroughputRun, texts: list[str]) -> tuple[str, str, float]:
+    """(b) as two tables: the interleaved rates (with the A/A control), and the server's timers."""
+    loss = median([1 - a / b for a, b in run.rounds])
+    rows = [cost_row("cache used vs bypassed", run.rounds)]
+    if run.control:
+        rows.append(cost_row("A/A control: bypassed vs bypassed", run.control))
     rates = print_table(
-        ["rounds", "cache on req/s (median)", "cache off req/s (median)", "cost: median of rounds",
+        ["comparison", "rounds", "req/s first (median)", "req/s second (median)", "cost: median of rounds",
          "cost: P25-P75 of rounds", "cost: mean rates"],
-        [[len(rounds), median([r[0] for r in rounds]), median([r[1] for r in rounds]), f"{loss * 100:.2f}%",
-          f"{losses[len(losses) // 4] * 100:.1f}% to {losses[(3 * len(losses)) // 4] * 100:.1f}%",
-          f"{overall * 100:.2f}%"]],
+        rows,
     )  # fmt: skip
-    request_ms = 1000 * sum(len(texts) / on for on, _ in rounds) / (len(rounds) * len(texts))
+    request_ms = 1000 * sum(len(texts) / used for used, _ in run.rounds) / (len(run.rounds) * len(texts))
     per_request = {name: 1000 * value / run.requests for name, value in run.bookkeeping_s.items()}
     spent_ms = per_request["lookup"] + per_request["store"]
     timers = print_table(
-        ["request ms (cache on)", "lookup ms", "of which L3 probe ms", "L3 probes per request", "store ms",
+        ["request ms (cache used)", "lookup ms", "of which L3 probe ms", "L3 probes per request", "store ms",
          "cache work per request"],
         [[request_ms, per_request["lookup"], per_request["l3_probe"],
           run.bookkeeping_s["l3_probes"] / run.requests, per_request["store"],
@@ -274,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
              "L3 load/recompute decisions"],
             tier_rows,
         )  # fmt: skip
-    progress("(b) throughput at 0% hit rate, cache on vs off")
+    progress("(b) throughput at 0% hit rate, cache used vs bypassed on one server")
     texts = [prompts.make(256) for _ in range(args.throughput_requests)]  # new tenant per turn: 0% hits
     run = throughput(args, model_dir, texts)
     table_b, table_timers, loss = throughput_tables(run, texts)
@@ -287,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     payload = {
         "hit_vs_miss": rows, "per_tier": tier_rows,
-        "throughput": {"rounds": run.rounds, "median_loss": loss, "requests": run.requests,
-                       "bookkeeping_s": run.bookkeeping_s},
+        "throughput": {"rounds": run.rounds, "control": run.control, "median_loss": loss,
+                       "requests": run.requests, "bookkeeping_s": run.bookkeeping_s},
         "device": args.device,
     }  # fmt: skip
     text = (
@@ -296,9 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats}; before every l2/l3 hit an evictor prompt of another tenant pushes the prefix out "
         f"of a device pool sized for one long prompt; 'blocks served' are the engine's own counters over "
         f"the row, evictors and misses included)\n{table_tiers}\n\n(b)\n{table_b}\n\n"
-        f"throughput cost at 0% hits (L1 store and L3 publish on every request vs no prefix cache): median "
-        f"{loss * 100:.2f}% over {len(run.rounds)} rounds of {args.throughput_requests} requests per server, "
-        f"alternating.\n\nThe cache-on server's own timers over those rounds (host clock, per request; "
+        f"throughput cost at 0% hits (every request looks up and stores its prefix vs requests that bypass "
+        f"every cache, interleaved on one server): median {loss * 100:.2f}% over {len(run.rounds)} rounds of "
+        f"{args.throughput_requests} requests per half, the order flipping every round; the A/A row is the "
+        f"method's own floor.\n\nThe server's own timers over those rounds (host clock, per request; "
         f'`llm_engine_cache_total{{tier="prefix"|"l3"}}`), the same cost without the machine\'s noise:\n'
         f"{table_timers}"
     )

@@ -121,6 +121,9 @@ class HostBlockPool:
         rank = (kth, self.uses[key], history[-1])
         self.ranks[key] = rank
         heapq.heappush(self._heap, (*rank, key))
+        if len(self._heap) > 4 * len(self.ranks) + 64:  # stale entries only leave from the top: rebuild
+            self._heap = [(*rank, key) for key, rank in self.ranks.items()]
+            heapq.heapify(self._heap)
 
     def _evict(self, keep: frozenset[bytes]) -> int | None:
         key = self.victim(keep)

@@ -90,6 +90,20 @@ def test_a_run_scattered_at_once_leaves_the_pool_as_block_by_block_puts_would(ke
         assert torch.equal(batched.get(key), sequential.get(key)), key
 
 
+def test_the_lazy_heap_stays_bounded_under_repeated_hits():
+    """Every use pushes a new rank and stale ones leave only from the heap's top: a block hit over and
+    over without evictions grew the heap without bound (a slow leak in a long-running server)."""
+    pool = HostBlockPool(4, (2, 3), torch.float32, pin=False)
+    for key in (b"a", b"b", b"c"):
+        pool.put(key, block(0))
+    for _ in range(10_000):
+        pool.get(b"a")
+    assert len(pool._heap) <= 4 * len(pool.ranks) + 64
+    pool.put(b"d", block(1))
+    pool.put(b"e", block(2))
+    assert b"a" in pool and b"b" not in pool, "eviction order is unchanged by the rebuild"
+
+
 def test_victims_skip_kept_keys_without_losing_them():
     pool = HostBlockPool(3, (2, 3), torch.float32, pin=False, k=2)
     for key in (b"a", b"b", b"c"):
