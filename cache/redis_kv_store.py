@@ -48,6 +48,16 @@ class KVStoreStats:
     probe_seconds: float = 0.0
 
 
+def leading_run(present: Sequence[bool]) -> int:
+    """How many of the first entries are True: the blocks a chain can load before its first gap."""
+    run = 0
+    for found in present:
+        if not found:
+            break
+        run += 1
+    return run
+
+
 class _Unavailable:
     """Marks a Redis call that did not happen or failed (distinct from a None reply)."""
 
@@ -181,8 +191,12 @@ class RedisKVStore:
 
     def exists_chain(self, keys: Sequence[bytes]) -> int:
         """How many leading blocks of `keys` are stored (without loading them); 0 on Redis trouble."""
+        return leading_run(self.exists_each(keys) or [])
+
+    def exists_each(self, keys: Sequence[bytes]) -> list[bool] | None:
+        """Whether each of `keys` is stored, in one round trip; None on Redis trouble."""
         if not keys:
-            return 0
+            return []
         names = [self.redis_key(k) for k in keys]
 
         def op() -> list[Any]:
@@ -194,16 +208,11 @@ class RedisKVStore:
         started = time.perf_counter()
         found = self._call(op)
         if isinstance(found, _Unavailable):
-            return 0
+            return None
         with self._lock:
             self._stats.probes += 1
             self._stats.probe_seconds += time.perf_counter() - started
-        run = 0
-        for n in found:
-            if not n:
-                break
-            run += 1
-        return run
+        return [bool(n) for n in found]
 
     def close(self) -> None:
         try:

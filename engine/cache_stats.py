@@ -43,6 +43,7 @@ def cache_counters(
             stats = asdict(prefix.l3.store.stats)
             for name in L3_COUNTERS:
                 out[("l3", name)] = stats[name]
+            out[("l3", "probe_wait_seconds")] = prefix.l3.probe_wait_seconds  # the probe's part in lookup
             for decision, count in prefix.l3.cost.decisions.items():
                 out[("l3", f"decision_{decision}")] = count
     if responses is not None:

@@ -21,7 +21,7 @@ from engine.model_runner import ModelRunner
 from engine.cache_stats import cache_counters
 from engine.observer import EngineObserver, EngineStats
 from engine.l3_prefetch import L3Prefetcher
-from engine.prefix_cache import PrefixCache
+from engine.prefix_cache import PrefixCache, PrefixHint
 from engine.queueing import Ewma, PolicyQueue
 from engine.requests import EngineRequest
 from engine.sampling import Sampler, pick_tokens
@@ -134,6 +134,8 @@ class Engine:
         ):
             self._answer_from_cache(request, cached)
             return
+        if self.prefix_cache is not None and not request.params.bypass_cache:
+            request.prefix_hint = self.prefix_cache.hint(request.prompt_ids, request.params.tenant)
         with self._lock:
             if not self._accepting:
                 raise RequestError.unavailable("the engine is shutting down; retry on another replica")
@@ -449,7 +451,10 @@ class Engine:
         self._active[slot] = state
         started = time.perf_counter()
         use_cache = not params.bypass_cache
-        logits, reused = self.prefill(slot, request.prompt_ids, params.tenant, use_cache=use_cache)
+        logits, reused = self.prefill(
+            slot, request.prompt_ids, params.tenant, use_cache=use_cache, hint=request.prefix_hint
+        )
+        request.prefix_hint = None  # a resume after preemption has more tokens: it hashes them anew
         token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]  # waits for the device
         computed, seconds = len(request.prompt_ids) - reused, max(time.perf_counter() - started, 1e-6)
         self.prefill_rate.update(computed / seconds)
@@ -468,13 +473,18 @@ class Engine:
         self.observer.on_prefix(reused, len(request.prompt_ids))
 
     def prefill(
-        self, slot: int, prompt: list[int], tenant: str, use_cache: bool = True
+        self,
+        slot: int,
+        prompt: list[int],
+        tenant: str,
+        use_cache: bool = True,
+        hint: PrefixHint | None = None,
     ) -> tuple[torch.Tensor, int]:
         """Prefill `slot`, reusing this tenant's longest cached prefix unless `use_cache` is off;
-        returns (logits, tokens reused)."""
+        returns (logits, tokens reused). `hint`: the prefix work started when `prompt` arrived."""
         reused = 0
         if self.prefix_cache is not None and use_cache:
-            hits = self.prefix_cache.lookup(prompt, tenant)
+            hits = self.prefix_cache.lookup(prompt, tenant, hint)
             if hits:
                 reused = self.prefix_cache.load(slot, hits)
         padded = self.prefill_bucket(len(prompt) - reused)

@@ -15,12 +15,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
 
 from cache.cost_model import LoadCostModel
 from cache.kv_format import KVBlockMeta
+from cache.redis_kv_store import leading_run
 from engine.write_behind import WriteBehind
 
 if TYPE_CHECKING:  # redis-py is imported only where the store is built (engine/loader.py)
@@ -59,18 +62,38 @@ class L3Tier:
         )
         self.loaded_blocks = 0
         self._lock = threading.Lock()  # _known and loaded_blocks: fetch may run on two threads
+        self._probes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l3-probe")
+        self.probe_wait_seconds = 0.0  # engine thread only
 
-    def fetch(self, keys: list[bytes]) -> list[torch.Tensor]:
+    def fetch(self, keys: list[bytes], present: Sequence[bool] | None = None) -> list[torch.Tensor]:
         """The leading blocks of `keys` found in Redis (on the host), or [] when recomputing is cheaper."""
-        return self.fetch_with_outcome(keys)[0]
+        return self.fetch_with_outcome(keys, present)[0]
 
-    def fetch_with_outcome(self, keys: list[bytes]) -> tuple[list[torch.Tensor], str]:
+    def probe(self, keys: list[bytes]) -> Future[list[bool] | None]:
+        """Ask Redis which of `keys` it holds, on the probe thread: started when a request arrives, the
+        round trip overlaps its queueing and the engine's other work instead of sitting in its prefill."""
+        return self._probes.submit(self.store.exists_each, keys)
+
+    def wait_probe(self, probe: Future[list[bool] | None]) -> list[bool] | None:
+        """A probe's answer (None: Redis could not be asked); the wait is what it added to the request."""
+        started = time.perf_counter()
+        try:
+            return probe.result()
+        except Exception:  # a failed probe is a missing chain: the request recomputes
+            return None
+        finally:
+            self.probe_wait_seconds += time.perf_counter() - started
+
+    def fetch_with_outcome(
+        self, keys: list[bytes], present: Sequence[bool] | None = None
+    ) -> tuple[list[torch.Tensor], str]:
         """`fetch`, and why it returned what it did: "missing" (Redis holds no leading block, or could
         not be asked), "recompute" (the cost model chose to recompute), "loaded" (every block Redis
-        held), "partial" (some of them were corrupt, incompatible or gone by the GET)."""
+        held), "partial" (some of them were corrupt, incompatible or gone by the GET). `present`: what
+        a `probe` already learned about `keys`, so the round trip is not made again here."""
         if not keys:
             return [], "missing"
-        available = self.store.exists_chain(keys)
+        available = self.store.exists_chain(keys) if present is None else leading_run(present)
         self._remember(keys[:available])
         if available == 0:
             return [], "missing"
@@ -120,4 +143,5 @@ class L3Tier:
                 self._known.popitem(last=False)
 
     def close(self) -> None:
+        self._probes.shutdown(wait=False, cancel_futures=True)
         self._writes.close()

@@ -25,7 +25,9 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -61,6 +63,15 @@ def block_keys(tokens: Sequence[int], block_size: int, salt: bytes) -> list[byte
         parent = hashlib.sha256(parent + block).digest()
         keys.append(parent)
     return keys
+
+
+@dataclass
+class PrefixHint:
+    """Work on a prompt's prefix done when the request arrives, off the engine thread: its chain keys
+    (hashing a long prompt takes a while), and the L3 probe of which of them Redis holds (a round trip)."""
+
+    keys: list[bytes]
+    probe: Future[list[bool] | None] | None = None
 
 
 class PrefixCache:
@@ -126,16 +137,29 @@ class PrefixCache:
         usable = (len(tokens) - 1) // self.block_size
         return block_keys(tokens[: usable * self.block_size], self.block_size, self.salt(tenant))
 
-    def lookup(self, tokens: Sequence[int], tenant: str) -> list[int]:
-        """Pool indices of the longest cached prefix; at least one prompt token is left to compute."""
+    def hint(self, tokens: Sequence[int], tenant: str) -> PrefixHint:
+        """Start a request's prefix work on the calling thread (the one that queues it), for `lookup`.
+
+        The L3 probe is skipped when L1 holds the whole chain. That glance at the index from another
+        thread may be stale by the time of the lookup; then the lookup asks Redis itself, as without
+        a hint, so a stale glance costs time, never a wrong block."""
+        keys = self.chain_keys(tokens, tenant)
+        hint = PrefixHint(keys)
+        if self.l3 is not None and keys and not all(key in self.index for key in keys):
+            hint.probe = self.l3.probe(keys)
+        return hint
+
+    def lookup(self, tokens: Sequence[int], tenant: str, hint: PrefixHint | None = None) -> list[int]:
+        """Pool indices of the longest cached prefix; at least one prompt token is left to compute.
+        `hint`: what `hint` started for these tokens and this tenant when the request arrived."""
         started = self.clock()
         try:
-            return self._lookup(tokens, tenant)
+            return self._lookup(tokens, tenant, hint)
         finally:
             self.lookup_seconds += self.clock() - started
 
-    def _lookup(self, tokens: Sequence[int], tenant: str) -> list[int]:
-        keys = self.chain_keys(tokens, tenant)
+    def _lookup(self, tokens: Sequence[int], tenant: str, hint: PrefixHint | None) -> list[int]:
+        keys = hint.keys if hint is not None else self.chain_keys(tokens, tenant)
         adopted, adopted_s, asked = self._adopted
         self._adopted = (set(), 0.0, set())
         found: list[bytes] = []
@@ -157,7 +181,9 @@ class PrefixCache:
                 found += promoted
             if self.l3 is not None and len(found) < len(keys) and keys[len(found)] not in asked:
                 started = self.clock()
-                promoted = self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :]))
+                present = None if hint is None or hint.probe is None else self.l3.wait_probe(hint.probe)
+                rest = None if present is None else present[len(found) :]
+                promoted = self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :], rest))
                 self._pending.append(("l3", len(promoted), self.clock() - started))
                 found += promoted
         finally:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from scheduler.messages import EngineRequestParams
+
+if TYPE_CHECKING:
+    from engine.prefix_cache import PrefixHint
 
 
 class ResponseSink(Protocol):
@@ -34,3 +37,4 @@ class EngineRequest:
     sink: ResponseSink
     received_ns: int = 0
     scheduling_ns: int = 0  # time spent deciding about it: admission, queueing, dispatch, preemption
+    prefix_hint: PrefixHint | None = None  # its prefix keys and L3 probe, started on arrival

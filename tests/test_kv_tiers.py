@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -207,3 +209,25 @@ def test_a_prefix_computed_again_after_eviction_counts_as_reuse(model, redis_ser
     assert writes == [] and engine.prefix_cache.evictions > 0
     serve(engine, PROMPT + [6])  # recomputed: its blocks were seen before, so they are shared now
     assert [len(keys) for keys, _ in writes] == [3]
+
+
+def test_the_l3_probe_runs_when_the_request_arrives_not_in_its_prefill(model, redis_server, request):  # noqa: F811
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace)
+    expected = serve(first, PROMPT + [5])
+    first.prefix_cache.l3.close()
+    second = replica(model, redis_server, namespace)
+    store, asked_from = second.prefix_cache.l3.store, []
+    exists_each = store.exists_each
+
+    def recording(keys):
+        asked_from.append(threading.current_thread().name)
+        return exists_each(keys)
+
+    store.exists_each = recording  # exists_chain, the prefill's own round trip, goes through it too
+    assert serve(second, PROMPT + [5]) == expected
+    assert second.prefix_cache.l3.loaded_blocks == 3 and second.stats.prefix_reused_tokens == 48
+    assert asked_from and all(name.startswith("l3-probe") for name in asked_from), asked_from
+    assert second.prefix_cache.hint(PROMPT + [5], "default").probe is None, "L1 holds it: Redis is not asked"
+    assert second.prefix_cache.hint(PROMPT + [5], "other").probe is not None
+    second.prefix_cache.l3.close()

@@ -185,10 +185,10 @@ def test_a_prefetch_bug_is_a_warmup_failure_not_a_load_failure(model, redis_serv
     l3 = engine.prefix_cache.l3
     fetch = l3.fetch_with_outcome
 
-    def broken(keys):
+    def broken(keys, present=None):
         if threading.current_thread().name == "l3-prefetch":
             raise RuntimeError("simulated prefetch bug")
-        return fetch(keys)
+        return fetch(keys, present)
 
     l3.fetch_with_outcome = broken
     report = run_warmup(engine, enabled=True, hot_prefixes=TEMPLATES, prefill_budget_s=5.0)
