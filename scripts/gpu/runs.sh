@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU checks, one device call each (each stays under the tool's 10-minute limit):
+#   bash scripts/gpu/runs.sh tests      # the CUDA-only tests
+#   bash scripts/gpu/runs.sh coldstart  # bench.coldstart, 3 warm starts, primed
+#   bash scripts/gpu/runs.sh prefix     # bench.prefix_cache, one-server (b) with its A/A control
+#   bash scripts/gpu/runs.sh warmup     # bench.warmup (cold / v1 / planned)
+# Results land in $OUT (the device tool's output folder); copy them to bench/results/.
+set -uo pipefail
+. scripts/gpu/env.sh
+t0=$(date +%s)
+case "${1:-}" in
+  tests) python3 -m pytest -q -p no:cacheprovider tests/test_engine_cuda.py 2>&1 | tail -3 ;;
+  coldstart) python3 -m bench.coldstart $GPU_ARGS --lengths 12,48,200,900,1800,3500 --starts 3 2>&1 |
+    grep -v "Loading weights" | grep "|\|^- \|READY in\|target" ;;
+  prefix) python3 -m bench.prefix_cache $GPU_ARGS --lengths 512,2048,3500 --throughput-rounds 20 \
+    --control-rounds 10 2>&1 | grep -v "Loading weights" | grep "|\|^- \|target\|median" ;;
+  warmup) python3 -m bench.warmup $GPU_ARGS --median-tokens 300 --sigma 1.2 2>&1 |
+    grep -v "Loading weights" | grep "|\|^- \|prompt lengths" ;;
+  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|warmup" >&2; exit 2 ;;
+esac
+echo "[gpu] $1: $(( $(date +%s) - t0 )) s"
