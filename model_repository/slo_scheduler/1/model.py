@@ -16,6 +16,7 @@ from adapters.triton_common import (
 )
 from scheduler.step import SchedulerStep
 from scheduler.tiers import TierTable
+from scheduler.tokenize import ids_encoder
 from scheduler.validation import Limits
 
 
@@ -32,7 +33,7 @@ class TritonPythonModel:
         tiers = TierTable.load(params["tiers_file"]) if params.get("tiers_file") else TierTable.defaults()
         max_prompt = int(params.get("max_seq_len", "2048")) - 1
         self.step = SchedulerStep(
-            encode=lambda text: tokenizer.encode(text).ids,
+            encode=ids_encoder(tokenizer),
             limits=Limits(
                 max_prompt_tokens=max_prompt, max_new_tokens=int(params.get("max_new_tokens", "512"))
             ),
