@@ -44,7 +44,7 @@ class KVStoreStats:
     bytes_loaded: int = 0
     load_seconds: float = 0.0  # wall time of lookups that returned blocks (round trip + verify)
     bytes_stored: int = 0
-    probes: int = 0  # exists_chain calls that reached Redis: one round trip each, on the request's path
+    probes: int = 0  # exists_each calls that reached Redis: one round trip each
     probe_seconds: float = 0.0
 
 

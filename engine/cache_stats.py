@@ -10,7 +10,8 @@ from engine.response_tier import ResponseTier
 # seconds_saved: sum over reuses of (predicted recompute - load time) where positive;
 # seconds_lost_slow_load and slow_loads: the excess and the count where the load took longer
 REUSE_COUNTERS = ("tokens_loaded", "seconds_saved", "seconds_lost_slow_load", "slow_loads")
-# probes: exists_chain round trips asked on a request's path (an L1/L2 miss), probe_seconds their time
+# probes: round trips asking which blocks of a prompt Redis holds (when it arrives, or in its lookup
+# when that probe was not usable), probe_seconds their time
 L3_COUNTERS = (
     "hits", "misses", "checksum_failures", "incompatible", "errors", "bytes_loaded", "load_seconds",
     "probes", "probe_seconds",

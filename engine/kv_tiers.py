@@ -75,9 +75,14 @@ class L3Tier:
         return self._probes.submit(self.store.exists_each, keys)
 
     def wait_probe(self, probe: Future[list[bool] | None]) -> list[bool] | None:
-        """A probe's answer (None: Redis could not be asked); the wait is what it added to the request."""
+        """A probe's answer, None when there is none to use: Redis could not be asked, or the probe is
+        still queued behind others (a slow Redis and a burst of arrivals): it is dropped and the caller
+        asks Redis itself, so a request never waits for more than its own round trip. The wait is
+        what the probe added to the request."""
         started = time.perf_counter()
         try:
+            if probe.cancel():
+                return None
             return probe.result()
         except Exception:  # a failed probe is a missing chain: the request recomputes
             return None

@@ -231,3 +231,31 @@ def test_the_l3_probe_runs_when_the_request_arrives_not_in_its_prefill(model, re
     assert second.prefix_cache.hint(PROMPT + [5], "default").probe is None, "L1 holds it: Redis is not asked"
     assert second.prefix_cache.hint(PROMPT + [5], "other").probe is not None
     second.prefix_cache.l3.close()
+
+
+def test_a_probe_still_queued_behind_a_slow_one_is_dropped_not_waited_for():
+    """One probe thread and a slow Redis: a burst's later probes queue. A lookup whose probe has not
+    started asks Redis itself (one round trip) instead of waiting behind the others."""
+    release, started = threading.Event(), threading.Event()
+    meta = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
+
+    class SlowStore(TimedStore):
+        def exists_each(self, keys):
+            started.set()
+            release.wait(10)
+            return [key in self.blocks for key in keys]
+
+    store = SlowStore(FakeClock(), 0.0)
+    store.blocks[b"k"] = torch.zeros(1, 2, 1, 4, 2)
+    l3 = L3Tier(store, meta)
+    try:
+        slow = l3.probe([b"k"])
+        assert started.wait(10)
+        queued = l3.probe([b"k"])
+        assert l3.wait_probe(queued) is None and queued.cancelled()
+        assert l3.fetch_with_outcome([b"k"], None)[1] in ("loaded", "recompute"), "asked Redis itself"
+        release.set()
+        assert l3.wait_probe(slow) == [True], "a running probe is waited for"
+    finally:
+        release.set()
+        l3.close()
