@@ -1,11 +1,14 @@
-"""The scheduler's fast tokenization path gives exactly the ids of `encode`."""
+"""The scheduler's tokenization: the fast path and the prefix reuse give exactly the ids of `encode`."""
 
 from __future__ import annotations
+
+import random
+from types import SimpleNamespace
 
 import pytest
 from tokenizers import Tokenizer
 
-from scheduler.tokenize import ids_encoder
+from scheduler.tokenize import PrefixTokenizer, ids_encoder, safe_splits
 from tests.conftest import MODEL_DIR
 
 TEXTS = [
@@ -36,3 +39,57 @@ def test_a_tokenizer_without_the_fast_path_falls_back_to_encode(tokenizer):
             return tokenizer.encode(text)
 
     assert ids_encoder(Plain())("fallback path") == tokenizer.encode("fallback path").ids
+
+
+WORDS = ["alpha", "beta", "gamma", "naïve", "café", "x1", "42", "3.14", "don't", "—", "🚀", "漢字", "a", "I"]
+
+
+def document(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    parts = []
+    for _ in range(words):
+        word = rng.choice(WORDS)
+        parts.append(word + rng.choice(["", "", "", ",", ".", "!", "\n", "  "]))
+    return " ".join(parts)
+
+
+def test_cuts_start_a_word_after_a_non_space_and_depend_only_on_the_prefix():
+    shared = document(1, 800)
+    a, b = shared + " first ending", shared + " another, longer ending"
+    cuts_a, cuts_b = safe_splits(a, 512), safe_splits(b, 512)
+    assert cuts_a and all(a[c] == " " and not a[c - 1].isspace() and a[c + 1].isalpha() for c in cuts_a)
+    inside = [c for c in cuts_a if c < len(shared) - 64]
+    assert inside and inside == [c for c in cuts_b if c < len(shared) - 64]
+
+
+def test_prompts_sharing_a_long_prefix_reuse_its_ids_and_match_a_whole_encode(tokenizer):
+    prefixed = PrefixTokenizer(tokenizer, verify_first=0, verify_every=10**9)  # no checks: compare here
+    shared = document(2, 900)
+    for seed in range(40):
+        text = shared + " " + document(100 + seed, 30 + seed)
+        assert prefixed(text) == tokenizer.encode(text).ids, seed
+    assert prefixed.stats.hits == 39 and prefixed.stats.misses == 1 and prefixed.enabled
+    assert prefixed("short prompt") == tokenizer.encode("short prompt").ids  # below min_chars
+
+
+def test_a_tokenizer_that_does_not_compose_is_caught_and_the_cache_turns_off(tokenizer):
+    class AppendsEos:  # a template that appends a token: prefix + rest misses it
+        def encode(self, text, add_special_tokens=True):
+            encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            if not add_special_tokens:
+                return encoding
+            return SimpleNamespace(ids=encoding.ids + [1], offsets=encoding.offsets + [(0, 0)])
+
+    eos = AppendsEos()
+    prefixed = PrefixTokenizer(eos)
+    shared = document(3, 900)
+    results = [prefixed(shared + f" ending number {i}") for i in range(3)]
+    assert results == [eos.encode(shared + f" ending number {i}").ids for i in range(3)]
+    assert not prefixed.enabled and prefixed.stats.mismatches == 1 and not prefixed._prefixes
+
+
+def test_the_prefix_table_is_bounded(tokenizer):
+    prefixed = PrefixTokenizer(tokenizer, capacity=8)
+    for seed in range(6):
+        prefixed(document(10 + seed, 900))
+    assert len(prefixed._prefixes) == 8

@@ -16,7 +16,7 @@ from adapters.triton_common import (
 )
 from scheduler.step import SchedulerStep
 from scheduler.tiers import TierTable
-from scheduler.tokenize import ids_encoder
+from scheduler.tokenize import PrefixTokenizer
 from scheduler.validation import Limits
 
 
@@ -33,7 +33,7 @@ class TritonPythonModel:
         tiers = TierTable.load(params["tiers_file"]) if params.get("tiers_file") else TierTable.defaults()
         max_prompt = int(params.get("max_seq_len", "2048")) - 1
         self.step = SchedulerStep(
-            encode=ids_encoder(tokenizer),
+            encode=PrefixTokenizer(tokenizer),
             limits=Limits(
                 max_prompt_tokens=max_prompt, max_new_tokens=int(params.get("max_new_tokens", "512"))
             ),
