@@ -227,6 +227,20 @@ def test_a_bypass_request_is_neither_answered_from_nor_kept_in_any_cache(grpc_ur
         generate(grpc_url, prompt, sampling=sampling, cache="off")
 
 
+def test_long_prompts_that_share_a_prefix_reuse_its_tokenization(grpc_url, metrics_url):
+    shared = "The quick brown fox jumps over the lazy dog near the river bank. " * 40  # > 2048 chars
+    sampling = {"max_tokens": 4, "ignore_eos": True}
+    before = engine_metric(metrics_url, "llm_scheduler_prefix_tokenizer_total", result="hits")
+    asked = iter(range(1000))
+
+    def reused() -> bool:  # the step publishes at most once a second, carried by its next request
+        assert generate(grpc_url, shared + f"Question {next(asked)}?", sampling=sampling, tenant="tok").text
+        return engine_metric(metrics_url, "llm_scheduler_prefix_tokenizer_total", result="hits") > before
+
+    assert wait_for(reused, timeout_s=60, interval_s=0.3)
+    assert engine_metric(metrics_url, "llm_scheduler_prefix_tokenizer_total", result="mismatches") == 0
+
+
 def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
     prompt, sampling = "Cache counters probe", {"max_tokens": 4, "ignore_eos": True}
 

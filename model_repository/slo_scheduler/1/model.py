@@ -1,12 +1,14 @@
 """Triton adapter for scheduler.step: BYTES tensors in, token ids and engine parameters out."""
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
 
+from adapters.scheduler_metrics import PrefixTokenizerMetrics
 from adapters.triton_common import (
     error_response,
     log_event,
@@ -32,8 +34,11 @@ class TritonPythonModel:
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         tiers = TierTable.load(params["tiers_file"]) if params.get("tiers_file") else TierTable.defaults()
         max_prompt = int(params.get("max_seq_len", "2048")) - 1
+        self.encoder = PrefixTokenizer(tokenizer)
+        self._reported_off = False
+        self.tokenizer_metrics = PrefixTokenizerMetrics(args["model_name"])
         self.step = SchedulerStep(
-            encode=PrefixTokenizer(tokenizer),
+            encode=self.encoder,
             limits=Limits(
                 max_prompt_tokens=max_prompt, max_new_tokens=int(params.get("max_new_tokens", "512"))
             ),
@@ -58,7 +63,13 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        return [self._one(request) for request in requests]
+        responses = [self._one(request) for request in requests]
+        self.tokenizer_metrics.publish(self.encoder.stats)
+        if not self.encoder.enabled and not self._reported_off:
+            self._reported_off = True
+            reason = "composed ids differed from a whole encode; prompts are encoded whole from now on"
+            log_event("prefix_tokenizer_off", reason=reason, **asdict(self.encoder.stats))
+        return responses
 
     def _one(self, request, local=False):
         try:
