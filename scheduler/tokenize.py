@@ -81,6 +81,15 @@ class PrefixTokenizer:
         self.stats = PrefixTokenStats()
         self._prefixes: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
 
+    def warm(self) -> None:
+        """Run a long prompt through every path once (a miss, a hit, a check) before traffic: each
+        tokenizer entry point's first call costs ~0.5 ms more than later ones; then forget it."""
+        shared = "Warm the prefix tokenizer with a long shared prefix. " * (self.min_chars // 40 + 1)
+        for ending in ("first", "second"):
+            self(shared + ending)
+        self._prefixes.clear()
+        self.stats = PrefixTokenStats()
+
     def __call__(self, text: str) -> list[int]:
         if not self.enabled or len(text) < self.min_chars:
             return self.fast(text)

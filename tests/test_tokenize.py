@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from tokenizers import Tokenizer
 
-from scheduler.tokenize import PrefixTokenizer, ids_encoder, safe_splits
+from scheduler.tokenize import PrefixTokenizer, PrefixTokenStats, ids_encoder, safe_splits
 from tests.conftest import MODEL_DIR
 
 TEXTS = [
@@ -93,3 +93,9 @@ def test_the_prefix_table_is_bounded(tokenizer):
     for seed in range(6):
         prefixed(document(10 + seed, 900))
     assert len(prefixed._prefixes) == 8
+
+
+def test_warming_leaves_no_entry_and_no_counts(tokenizer):
+    prefixed = PrefixTokenizer(tokenizer)
+    prefixed.warm()
+    assert not prefixed._prefixes and prefixed.stats == PrefixTokenStats() and prefixed.enabled

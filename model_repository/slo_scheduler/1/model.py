@@ -35,6 +35,7 @@ class TritonPythonModel:
         tiers = TierTable.load(params["tiers_file"]) if params.get("tiers_file") else TierTable.defaults()
         max_prompt = int(params.get("max_seq_len", "2048")) - 1
         self.encoder = PrefixTokenizer(tokenizer)
+        self.encoder.warm()
         self._reported_off = False
         self.tokenizer_metrics = PrefixTokenizerMetrics(args["model_name"])
         self.step = SchedulerStep(
