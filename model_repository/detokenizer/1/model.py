@@ -13,6 +13,7 @@ from adapters.triton_common import (
     warm_handler,
 )
 from engine.cancel_mailbox import CancelMailbox
+from engine.cancel_poll import PollSchedule
 from engine.detokenize import TokenDecoder
 
 
@@ -25,6 +26,7 @@ class TritonPythonModel:
         params = model_parameters(args)
         self.decoder = TokenDecoder.from_model_dir(Path(params["model_dir"]))
         self.mailbox = CancelMailbox(params["cancel_dir"])
+        self.polls = PollSchedule()  # is_cancelled is an IPC round trip: once per request per interval
         warm_s = warm_handler(
             self._one,
             args["model_name"],
@@ -43,8 +45,11 @@ class TritonPythonModel:
 
     def _one(self, request, local=False):
         try:
-            if not local and request.is_cancelled():
-                namespace, key = (int(v) for v in _values(request, "request_key"))
+            namespace, key = (int(v) for v in _values(request, "request_key"))
+            final = bool(_values(request, "is_final")[0])
+            if final:
+                self.polls.forget((namespace, key))
+            elif not local and self.polls.due((namespace, key)) and request.is_cancelled():
                 self.mailbox.post(namespace, key)
                 return pb_utils.InferenceResponse(
                     error=triton_error("CANCELLED", "the client cancelled this request")
@@ -52,7 +57,7 @@ class TritonPythonModel:
             piece = self.decoder.delta(
                 _values(request, "token_ids").tolist(),
                 int(_values(request, "read_offset")[0]),
-                bool(_values(request, "is_final")[0]),
+                final,
                 int(_values(request, "trim_bytes")[0]),
             )
             return pb_utils.InferenceResponse(

@@ -12,6 +12,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 from adapters.engine_metrics import TritonEngineObserver
 from adapters.triton_common import log_event, model_parameters, triton_error
 from engine.cancel_mailbox import CancelMailbox
+from engine.cancel_poll import PollSchedule, ThrottledCancelCheck
 from engine.config import EngineConfig
 from engine.loader import load_engine
 from engine.requests import EngineRequest
@@ -37,6 +38,7 @@ class TritonSink:
         self.key = key
         self.request = request
         self.sender = request.get_response_sender()
+        self.cancel_check = ThrottledCancelCheck(request.is_cancelled, PollSchedule(limit=1), tuple(key))
         self.lock = threading.Lock()
         self.closed = False
 
@@ -56,7 +58,7 @@ class TritonSink:
         self._send(pb_utils.InferenceResponse(error=triton_error(code, message)), FINAL)
 
     def cancelled(self):
-        return self.request.is_cancelled()
+        return self.cancel_check()
 
     def _send(self, response, flags):
         with self.lock:
