@@ -14,6 +14,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 CANCEL_POLL_S = 0.05
+# The engine's own ask: in the ensemble, Triton 24.10 never marks an in-flight step's request as
+# cancelled (engine/cancel_mailbox.py), so a cancel reaches the engine through the detokenizer's
+# mailbox within CANCEL_POLL_S; the engine's ask only serves clients that call llm_engine directly.
+ENGINE_CANCEL_POLL_S = 0.25
 
 
 class PollSchedule:

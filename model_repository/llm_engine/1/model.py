@@ -12,7 +12,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 from adapters.engine_metrics import TritonEngineObserver
 from adapters.triton_common import log_event, model_parameters, triton_error
 from engine.cancel_mailbox import CancelMailbox
-from engine.cancel_poll import PollSchedule, ThrottledCancelCheck
+from engine.cancel_poll import ENGINE_CANCEL_POLL_S, PollSchedule, ThrottledCancelCheck
 from engine.config import EngineConfig
 from engine.loader import load_engine
 from engine.requests import EngineRequest
@@ -38,7 +38,8 @@ class TritonSink:
         self.key = key
         self.request = request
         self.sender = request.get_response_sender()
-        self.cancel_check = ThrottledCancelCheck(request.is_cancelled, PollSchedule(limit=1), tuple(key))
+        polls = PollSchedule(interval_s=ENGINE_CANCEL_POLL_S, limit=1)
+        self.cancel_check = ThrottledCancelCheck(request.is_cancelled, polls, tuple(key))
         self.lock = threading.Lock()
         self.closed = False
 
