@@ -451,10 +451,8 @@ class Engine:
         self._active[slot] = state
         started = time.perf_counter()
         use_cache = not params.bypass_cache
-        logits, reused = self.prefill(
-            slot, request.prompt_ids, params.tenant, use_cache=use_cache, hint=request.prefix_hint
-        )
-        request.prefix_hint = None  # a resume after preemption has more tokens: it hashes them anew
+        hint, request.prefix_hint = request.prefix_hint, None  # a resume has more tokens: hashed anew
+        logits, reused = self.prefill(slot, request.prompt_ids, params.tenant, use_cache=use_cache, hint=hint)
         token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]  # waits for the device
         computed, seconds = len(request.prompt_ids) - reused, max(time.perf_counter() - started, 1e-6)
         self.prefill_rate.update(computed / seconds)
@@ -464,7 +462,10 @@ class Engine:
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
         self._accept_token(state, token)  # the first token leaves before any metrics round trip
         if self.prefix_cache is not None and use_cache:  # the slot keeps the prompt's KV until reused
-            self.prefix_cache.store(slot, request.prompt_ids, params.tenant, publish=params.tier == "warmup")
+            head = None if hint is None else hint.keys  # hashed on arrival: the store hashes only the rest
+            self.prefix_cache.store(
+                slot, request.prompt_ids, params.tenant, publish=params.tier == "warmup", head=head
+            )
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
         self.observer.on_first_token(params.tier, ttft_s)
         self.observer.on_scheduling(params.tier, request.scheduling_ns / 1e9)

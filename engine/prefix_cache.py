@@ -54,10 +54,13 @@ def one_host_thread(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def block_keys(tokens: Sequence[int], block_size: int, salt: bytes) -> list[bytes]:
-    """Chained keys of the full blocks of `tokens`."""
+def block_keys(
+    tokens: Sequence[int], block_size: int, salt: bytes, parent: bytes | None = None
+) -> list[bytes]:
+    """Chained keys of the full blocks of `tokens`; `parent`: the key of the block just before them
+    (None: they begin the prompt), to continue a chain already hashed."""
     keys = []
-    parent = hashlib.sha256(b"prefix-v1|" + salt).digest()
+    parent = parent if parent is not None else hashlib.sha256(b"prefix-v1|" + salt).digest()
     for start in range(0, len(tokens) - block_size + 1, block_size):
         block = struct.pack(f"<{block_size}q", *tokens[start : start + block_size])
         parent = hashlib.sha256(parent + block).digest()
@@ -211,24 +214,34 @@ class PrefixCache:
         return len(indices) * self.block_size
 
     def store(
-        self, slot: int, tokens: Sequence[int], tenant: str, pin: bool = False, publish: bool = False
+        self,
+        slot: int,
+        tokens: Sequence[int],
+        tenant: str,
+        pin: bool = False,
+        publish: bool = False,
+        head: list[bytes] | None = None,
     ) -> int:
         """Keep the full blocks of `tokens` (already in `slot`) that are not cached yet; returns how many.
 
         New blocks go to L3 at once only when `publish` (warmup traffic), `pin` (hot templates) or
         `publish_on_first_use`; otherwise a block is written when it is reused: hit in L1/L2 (see
         `lookup`) or stored a second time after an eviction. One-off prompts, most of the traffic at a
-        low hit rate, then cost no host copy and no Redis write.
+        low hit rate, then cost no host copy and no Redis write. `head`: the keys of `tokens`' leading
+        blocks, already hashed for this tenant (a `PrefixHint`'s); only the rest is hashed here.
         """
         started = self.clock()
         try:
             with one_host_thread(self.pool.device):
-                return self._store(slot, tokens, tenant, pin, publish)
+                return self._store(slot, tokens, tenant, pin, publish, head or [])
         finally:
             self.store_seconds += self.clock() - started
 
-    def _store(self, slot: int, tokens: Sequence[int], tenant: str, pin: bool, publish: bool) -> int:
-        keys = block_keys(tokens, self.block_size, self.salt(tenant))
+    def _store(
+        self, slot: int, tokens: Sequence[int], tenant: str, pin: bool, publish: bool, head: list[bytes]
+    ) -> int:
+        rest = tokens[len(head) * self.block_size :]
+        keys = head + block_keys(rest, self.block_size, self.salt(tenant), head[-1] if head else None)
         missing = [i for i, key in enumerate(keys) if key not in self.index]
         if not missing:
             return 0

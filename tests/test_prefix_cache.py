@@ -42,6 +42,13 @@ def test_block_keys_are_identical_in_another_process():
     assert block_keys(list(range(16)), 16, b"a") != block_keys(list(range(16)), 16, b"b")
 
 
+def test_a_chain_continued_from_its_hashed_head_equals_the_whole_chain():
+    tokens = list(range(100))
+    whole = block_keys(tokens, 16, b"salt")
+    head = whole[:3]
+    assert head + block_keys(tokens[48:], 16, b"salt", parent=head[-1]) == whole
+
+
 def test_reused_prefix_gives_the_same_tokens_as_a_full_prefill(model):  # noqa: F811
     plain = make_engine(model)
     plain.prefix_cache = None
