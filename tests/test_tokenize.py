@@ -35,8 +35,8 @@ def test_fast_path_ids_equal_encode(tokenizer, text):
 
 def test_a_tokenizer_without_the_fast_path_falls_back_to_encode(tokenizer):
     class Plain:
-        def encode(self, text):
-            return tokenizer.encode(text)
+        def encode(self, text, add_special_tokens=True):
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     assert ids_encoder(Plain())("fallback path") == tokenizer.encode("fallback path").ids
 

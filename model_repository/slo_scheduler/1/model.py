@@ -27,6 +27,12 @@ def _optional(request, name):
     return None if tensor is None else tensor.as_numpy().reshape(-1)[0]
 
 
+def _input_or_parameter(request, extra, name):
+    """An optional input that may also come as a request parameter of the same name; the tensor wins."""
+    value = _optional(request, name)
+    return value if value is not None else extra.get(name)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
@@ -75,18 +81,15 @@ class TritonPythonModel:
     def _one(self, request, local=False):
         try:
             extra = request_parameters(request)
-            tier = _optional(request, "slo_tier")
-            tenant = _optional(request, "tenant")
-            cache = _optional(request, "cache")
             prepared = self.step.prepare(
                 text=_optional(request, "text_input"),
                 sampling_json=_optional(request, "sampling_parameters"),
                 stream=_optional(request, "stream"),
                 exclude_input_in_output=_optional(request, "exclude_input_in_output"),
-                tier=tier if tier is not None else extra.get("slo_tier"),
-                tenant=tenant if tenant is not None else extra.get("tenant"),
+                tier=_input_or_parameter(request, extra, "slo_tier"),
+                tenant=_input_or_parameter(request, extra, "tenant"),
                 now_ns=time.time_ns(),
-                cache=cache if cache is not None else extra.get("cache"),
+                cache=_input_or_parameter(request, extra, "cache"),
             )
         except Exception as exc:  # every failure becomes this request's error, never the server's
             return error_response(exc)
