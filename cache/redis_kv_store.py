@@ -30,6 +30,11 @@ DEFAULT_TTL_S = 24 * 3600
 _DELETE_IF_UNCHANGED = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
+# One command for a whole chain's probe: a pipeline of one EXISTS per block cost 476 us of Python at
+# 128 blocks (83 at 16), on a thread that shares the GIL with the engine; this costs 115 (41).
+_EXISTS_EACH = (
+    "local found = {} for i, key in ipairs(KEYS) do found[i] = redis.call('EXISTS', key) end return found"
+)
 
 
 @dataclass
@@ -95,6 +100,7 @@ class RedisKVStore:
             retry=Retry(NoBackoff(), 0),
         )
         self._delete_if_unchanged = self.client.register_script(_DELETE_IF_UNCHANGED)
+        self._exists_each = self.client.register_script(_EXISTS_EACH)
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._lock = threading.Lock()
         self._stats = KVStoreStats()
@@ -198,15 +204,8 @@ class RedisKVStore:
         if not keys:
             return []
         names = [self.redis_key(k) for k in keys]
-
-        def op() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                pipe.exists(name)
-            return pipe.execute()
-
         started = time.perf_counter()
-        found = self._call(op)
+        found = self._call(lambda: self._exists_each(keys=names))
         if isinstance(found, _Unavailable):
             return None
         with self._lock:

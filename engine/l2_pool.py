@@ -15,6 +15,8 @@ from collections import deque
 
 import torch
 
+from engine.block_rows import runs, select
+
 
 class HostBlockPool:
     def __init__(
@@ -32,6 +34,7 @@ class HostBlockPool:
         self._tick = itertools.count()
         self.evictions = 0
         self.hits = 0
+        self._inflight: torch.cuda.Event | None = None
 
     def __contains__(self, key: bytes) -> bool:
         return key in self.index
@@ -41,37 +44,52 @@ class HostBlockPool:
         key: bytes,
         block: torch.Tensor,
         pin: bool = False,
-        non_blocking: bool = False,
         keep: frozenset[bytes] = frozenset(),
     ) -> bool:
-        """Keep a copy of `block`; False when every slot holds a pinned (or kept) block. `non_blocking`
-        from a CUDA block: the caller synchronizes before anything reads the slot (put_many does).
+        """Keep a copy of `block`; False when every slot holds a pinned (or kept) block.
         `keep`: keys that must not be evicted to make room (blocks the caller is still reading)."""
-        index = self._slot_for(key, pin, keep)
-        if index is not None:
-            self.pool[index].copy_(block, non_blocking=non_blocking)
-        return index is not None
+        return self.put_many([key], block.unsqueeze(0), keep, pin) == 1
 
-    def put_many(self, keys: list[bytes], blocks: torch.Tensor, keep: frozenset[bytes] = frozenset()) -> int:
-        """`put` for a run of blocks [n, ...] on any device. From CUDA each block is copied straight
-        into its pinned slot asynchronously and one synchronize ends the run: copying the run to
+    def put_many(
+        self, keys: list[bytes], blocks: torch.Tensor, keep: frozenset[bytes] = frozenset(), pin: bool = False
+    ) -> int:
+        """`put` for a run of blocks [n, ...] on any device; returns how many were kept.
+
+        From CUDA, each run of consecutive slots is one asynchronous copy straight into pinned memory,
+        and nothing waits for it: the device's stream orders it before any later copy out of or into
+        those slots, and host access waits for it (`settle`). Syncing here stalled the engine thread
+        on every store once the device pool was full (each store then demotes). Copying the run to
         pageable host memory first and then into the slots cost ~10x more on the H200. From host
-        memory the run is one scatter, not a copy per block."""
-        if blocks.is_cuda:
-            puts = (self.put(key, block, non_blocking=True, keep=keep) for key, block in zip(keys, blocks))
-            stored = sum(puts)
-            torch.cuda.current_stream(blocks.device).synchronize()
-            return stored
+        memory the run is one scatter."""
         stored, row_of_slot = 0, {}  # a run longer than the pool reuses slots: the later block wins
         for row, key in enumerate(keys):
-            if (index := self._slot_for(key, False, keep)) is not None:
+            if (index := self._slot_for(key, pin, keep)) is not None:
                 stored += 1
                 row_of_slot[index] = row
-        if row_of_slot:
+        if not row_of_slot:
+            return 0
+        if blocks.is_cuda:
+            for slot, row, count in runs(list(row_of_slot.items())):
+                self.pool[slot : slot + count].copy_(blocks[row : row + count], non_blocking=True)
+            self.note_device_use(blocks.device)
+        else:
+            self.settle()
             rows = list(row_of_slot.values())
             source = blocks if rows == list(range(len(blocks))) else blocks[rows]
-            self.pool[torch.tensor(list(row_of_slot))] = source.to(self.pool.dtype)
+            self.pool[select(list(row_of_slot), self.pool.device)] = source.to(self.pool.dtype)
         return stored
+
+    def note_device_use(self, device: torch.device) -> None:
+        """Asynchronous device copies into or out of the slots were queued: host access waits for them."""
+        if self.pool.is_pinned():
+            self._inflight = torch.cuda.Event()
+            self._inflight.record(torch.cuda.current_stream(device))
+
+    def settle(self) -> None:
+        """Wait for the queued device copies of the slots (usually long done: an event query)."""
+        if self._inflight is not None:
+            self._inflight.synchronize()
+            self._inflight = None
 
     def _slot_for(self, key: bytes, pin: bool, keep: frozenset[bytes]) -> int | None:
         """The slot `key` is (re)written to, counted as a use; None when every slot is pinned or kept."""
@@ -93,6 +111,7 @@ class HostBlockPool:
             return None
         self.hits += 1
         self._touch(key)
+        self.settle()
         return self.pool[index]
 
     def victim(self, keep: frozenset[bytes] = frozenset()) -> bytes | None:

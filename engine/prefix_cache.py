@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from cache.cost_model import LoadCostModel, ReuseLedger
+from engine.block_rows import select
 from engine.kv_tiers import L3Tier
 from engine.l2_pool import HostBlockPool
 from engine.model_runner import ModelRunner
@@ -201,7 +202,7 @@ class PrefixCache:
 
         `indices` is what the last `lookup` returned; the reuse is booked per tier that served it."""
         started = self.clock()
-        self.runner.write_blocks(slot, self.pool[self._device_index(indices)])
+        self.runner.write_blocks(slot, self.pool[self._rows(indices)])
         copy_s = self.clock() - started
         pending, self._pending = self._pending, []
         if sum(blocks for _, blocks, _ in pending) != len(indices):  # not the last lookup's result
@@ -249,9 +250,7 @@ class PrefixCache:
         indices = self._allocate(len(missing))
         stored = missing[: len(indices)]
         if indices:  # one scatter, not a copy per block; new blocks are mostly one run: no gather then
-            run = stored[-1] - stored[0] + 1 == len(stored)
-            source = blocks[stored[0] : stored[-1] + 1] if run else blocks[self._device_index(stored)]
-            self.pool[self._device_index(indices)] = source
+            self.pool[self._rows(indices)] = blocks[self._rows(stored)]
             for i, index in zip(stored, indices):
                 self.index[keys[i]] = index
         for key in reversed(keys):  # as in lookup: the head ends most recent, so tails are evicted first
@@ -280,7 +279,7 @@ class PrefixCache:
         """Blocks reused here are worth sharing with other replicas: write those Redis lacks."""
         fresh = self.l3.unknown(keys) if self.l3 is not None else []
         if fresh:
-            indices = self._device_index([self.index[keys[i]] for i in fresh])
+            indices = self._rows([self.index[keys[i]] for i in fresh])
             self.l3.publish([keys[i] for i in fresh], self.pool[indices])
 
     def adopt(self, keys: list[bytes], blocks: list[torch.Tensor], waited_s: float = 0.0) -> int:
@@ -325,31 +324,33 @@ class PrefixCache:
         if self.pool.is_cuda and all(block.is_pinned() for block in run):
             for index, block in zip(indices, run):  # L2's pinned slots: asynchronous DMA, no staging
                 self.pool[index].copy_(block, non_blocking=True)
+            if self.l2 is not None:
+                self.l2.note_device_use(self.pool.device)
         else:  # pageable blocks (L3's), or a CPU pool: one copy for the run
-            self.pool[self._device_index(indices)] = torch.stack(run).to(self.pool.device)
+            self.pool[self._rows(indices)] = torch.stack(run).to(self.pool.device)
         promoted = keys[: len(indices)]
         for key, index in zip(promoted, indices):
             self.index[key] = index
             self._protected.add(key)
         return promoted
 
-    def _device_index(self, positions: list[int]) -> torch.Tensor:
-        return torch.tensor(positions, device=self.pool.device)
+    def _rows(self, positions: list[int]) -> slice | torch.Tensor:
+        return select(positions, self.pool.device)
 
     def _allocate(self, count: int, keep: frozenset[bytes] = frozenset()) -> list[int]:
-        """Up to `count` free pool indices, evicting the oldest unpinned, unprotected blocks; the evicted
-        blocks go to L2 as one run (one device sync), never into the L2 slots of `keep`."""
+        """Up to `count` free pool indices (ascending: mostly one run, a slice), evicting the oldest
+        unpinned, unprotected blocks; the evicted blocks go to L2, never into the L2 slots of `keep`."""
         indices = [self.free.pop() for _ in range(min(count, len(self.free)))]
         evicted: list[tuple[bytes, int]] = []
         while len(indices) < count and (victim := self._victim()) is not None:
             self.evictions += 1
             evicted.append((victim, self.index.pop(victim)))
             indices.append(evicted[-1][1])
-        if evicted and self.l2 is not None:  # demote rather than forget; gathered before any overwrite
-            self.l2.put_many(
-                [key for key, _ in evicted], self.pool[self._device_index([i for _, i in evicted])], keep
-            )
-        return indices
+        if evicted and self.l2 is not None:  # demote rather than forget, copied before any overwrite
+            evicted.sort(key=lambda pair: pair[1])  # a chain is evicted tail first: descending rows
+            rows = self._rows([index for _, index in evicted])
+            self.l2.put_many([key for key, _ in evicted], self.pool[rows], keep)
+        return sorted(indices)
 
     def _victim(self) -> bytes | None:
         """The oldest block that may be evicted. Pinned and protected blocks met on the way move to the

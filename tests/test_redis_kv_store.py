@@ -130,6 +130,7 @@ def test_get_chain_returns_the_leading_valid_run(store, raw):
     out = store.get_chain(keys, META)
     assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, blocks))
     assert store.exists_chain(keys) == 3
+    assert store.exists_each(keys) == [True, True, True, False, True]  # one script call, per key
     assert store.stats.misses == 1 and store.stats.hits == 3
 
     _damage(raw, store.redis_key(keys[1]), "flip")
