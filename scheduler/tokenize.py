@@ -4,6 +4,7 @@ without encoding a long shared prefix again."""
 from __future__ import annotations
 
 import hashlib
+import random
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,10 +17,16 @@ def ids_encoder(tokenizer: Any, add_special_tokens: bool = True) -> Callable[[st
     without tracking character offsets, which the step never reads. Measured on the CPU VM at 1800
     tokens: 1.16 ms against 1.55 ms for `encode` (2.8 against 3.2 ms when the call follows an idle gap,
     as a request does). Older versions fall back to `encode`."""
+    batch = batch_encoder(tokenizer, add_special_tokens)
+    return lambda text: batch([text])[0]
+
+
+def batch_encoder(tokenizer: Any, add_special_tokens: bool = True) -> Callable[[list[str]], list[list[int]]]:
+    """`ids_encoder` for several texts in one call, which the tokenizer spreads over its threads."""
     fast = getattr(tokenizer, "encode_batch_fast", None)
     if fast is None:
-        return lambda text: tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-    return lambda text: fast([text], add_special_tokens=add_special_tokens)[0].ids
+        return lambda texts: [tokenizer.encode(t, add_special_tokens=add_special_tokens).ids for t in texts]
+    return lambda texts: [encoding.ids for encoding in fast(texts, add_special_tokens=add_special_tokens)]
 
 
 def safe_splits(text: str, every: int, scan: int = 64) -> list[int]:
@@ -60,10 +67,17 @@ class PrefixTokenizer:
     costs ~1 us a token on the CPU VM (3 ms at 1800 tokens after an idle gap), and a prefix-cache hit
     pays it in full otherwise.
 
+    A prefix is remembered when it comes back: a prompt whose cuts were never seen is encoded whole
+    (its cut digests are noted), so one-off prompts cost what a plain encode costs. Remembering took
+    a whole encode with offsets plus slicing per cut: 4.9 ms against 2.7 for a plain encode at 3500
+    tokens on the CPU VM. A prompt that repeats a noted cut is encoded as its segments between cuts,
+    in one batch call, which gives each cut's prefix ids.
+
     Composition holds for byte-level BPE at `safe_splits`; a tokenizer for which it does not hold
     (another pre-tokenizer, a template that appends tokens) is caught by checking composed results
-    against a whole encode: the first `verify_first`, then one in `verify_every`. One mismatch turns
-    the cache off for good and returns the whole encode's ids, so a wrong id never leaves here."""
+    against a whole encode: the first `verify_first` (`warm` spends them on synthetic documents of
+    mixed scripts, so requests do not pay them twice), then one in `verify_every`. One mismatch turns
+    the cache off for good and returns the whole encode's ids."""
 
     def __init__(
         self,
@@ -77,53 +91,69 @@ class PrefixTokenizer:
         self.tokenizer = tokenizer
         self.fast = ids_encoder(tokenizer)
         self.plain = ids_encoder(tokenizer, add_special_tokens=False)  # the rest after a cached prefix
+        self.plain_batch = batch_encoder(tokenizer, add_special_tokens=False)
         self.every, self.min_chars, self.capacity = every, min_chars, capacity
         self.verify_first, self.verify_every = verify_first, verify_every
         self.enabled = True
         self.stats = PrefixTokenStats()
-        self._prefixes: OrderedDict[bytes, array] = OrderedDict()  # int64 ids: 8 bytes each, not ~36
+        self._composed = 0  # composed results so far, warm's included: when checks are due
+        # digest of a prefix -> (the ids of the prompt it was cut from, as int64: 8 bytes an id instead
+        # of ~36; how many of them are the prefix's). A prompt's cuts share its one array.
+        self._prefixes: OrderedDict[bytes, tuple[array, int]] = OrderedDict()
+        self._noted: OrderedDict[bytes, None] = OrderedDict()  # cut digests seen once, not remembered
 
     def warm(self) -> None:
-        """Run a long prompt through every path once (a miss, a hit, a check) before traffic: each
-        tokenizer entry point's first call costs ~0.5 ms more than later ones; then forget it."""
-        shared = "Warm the prefix tokenizer with a long shared prefix. " * (self.min_chars // 40 + 1)
-        for ending in ("first", "second"):
-            self(shared + ending)
+        """Spend the first checks on synthetic documents (noted, remembered, then hit) and run every
+        path once before traffic: each tokenizer entry point's first call costs ~0.5 ms more than
+        later ones. Then forget them (the checks stay spent)."""
+        for seed in range(max(1, self.verify_first // 2)):
+            shared = _synthetic_document(seed, self.min_chars + self.every)
+            for ending in (" first ending.", " second, longer ending!", " a third one"):
+                self(shared + ending)
         self._prefixes.clear()
+        self._noted.clear()
         self.stats = PrefixTokenStats()
 
     def __call__(self, text: str) -> list[int]:
         if not self.enabled or len(text) < self.min_chars:
             return self.fast(text)
         cuts = safe_splits(text, self.every)
+        if not cuts:
+            return self.fast(text)
         digests = prefix_digests(text, cuts)
         for cut, digest in zip(reversed(cuts), reversed(digests)):
-            prefix = self._prefixes.get(digest)
-            if prefix is not None:
+            entry = self._prefixes.get(digest)
+            if entry is not None:
                 self._prefixes.move_to_end(digest)
                 self.stats.hits += 1
-                return self._checked(text, prefix.tolist() + self.plain(text[cut:]))
+                ids, length = entry
+                return self._checked(text, ids[:length].tolist() + self.plain(text[cut:]))
         self.stats.misses += 1
-        return self._remember(text, cuts, digests)
+        if not any(digest in self._noted for digest in digests):
+            for digest in digests:
+                self._noted[digest] = None
+                self._noted.move_to_end(digest)
+            while len(self._noted) > 8 * self.capacity:
+                self._noted.popitem(last=False)
+            return self.fast(text)
+        return self._checked(text, self._compose(text, cuts, digests))
 
-    def _remember(self, text: str, cuts: list[int], digests: list[bytes]) -> list[int]:
-        """The whole encode, and the ids of each cut's prefix from its offsets."""
-        encoding = self.tokenizer.encode(text)
-        ids, offsets = encoding.ids, encoding.offsets
-        position = 0
-        for cut, digest in zip(cuts, digests):
-            while position < len(ids) and offsets[position][1] <= cut:
-                position += 1
-            if position < len(ids) and offsets[position][0] < cut:
-                continue  # a token spans the cut: not a boundary for this tokenizer
-            self._prefixes[digest] = array("q", ids[:position])
+    def _compose(self, text: str, cuts: list[int], digests: list[bytes]) -> list[int]:
+        """The ids of the segments between cuts, joined; remembers each cut's prefix."""
+        bounds = [0, *cuts, len(text)]
+        pieces = self.plain_batch([text[a:b] for a, b in zip(bounds[1:-1], bounds[2:])])
+        ids = array("q", self.fast(text[: cuts[0]]))
+        for digest, piece in zip(digests, pieces):
+            self._prefixes[digest] = (ids, len(ids))  # the prefix up to this cut: ids so far
             self._prefixes.move_to_end(digest)
+            ids.extend(piece)
         while len(self._prefixes) > self.capacity:
             self._prefixes.popitem(last=False)
-        return ids
+        return ids.tolist()
 
     def _checked(self, text: str, composed: list[int]) -> list[int]:
-        due = self.stats.hits <= self.verify_first or self.stats.hits % self.verify_every == 0
+        self._composed += 1
+        due = self._composed <= self.verify_first or self._composed % self.verify_every == 0
         if not due:
             return composed
         whole = self.fast(text)
@@ -132,4 +162,20 @@ class PrefixTokenizer:
             self.stats.mismatches += 1
             self.enabled = False
             self._prefixes.clear()
+            self._noted.clear()
         return whole
+
+
+_WARM_WORDS = (
+    "the system prompt says: answer in JSON, cite sources [1], keep it short; naïve café façade "
+    "déjà-vu 東京 漢字 🚀 — 3.14159 1,000,000 2026-11-29 don't won't it's I'm e-mail x1 42% $5.00"
+).split()
+
+
+def _synthetic_document(seed: int, chars: int) -> str:
+    """Text of mixed scripts, digits, punctuation and line breaks: what the checks run on in `warm`."""
+    rng = random.Random(seed)
+    parts: list[str] = []
+    while sum(len(part) + 1 for part in parts) < chars:
+        parts.append(rng.choice(_WARM_WORDS) + rng.choice(("", "", "", ",", ".", "!", "\n", "  ")))
+    return " ".join(parts)
