@@ -9,10 +9,12 @@
       l3  the same small device pool and no host pool: the evicted prefix is found in Redis (the
           cost model decides whether loading beats recomputing; the decisions are reported).
     Which tier served is read from the engine's cache counters (blocks per tier), not assumed;
-(b) throughput at 0% hit rate, requests that use the prefix cache vs requests that bypass every
-    cache (`cache=bypass`), interleaved on one server, to show what maintaining the cache costs; an
-    A/A control (bypassed vs bypassed) gives the method's floor, and the server's own timers of its
-    cache work give the same cost without the machine's noise.
+(b) throughput at 0% hit rate on one server, three kinds of requests interleaved: `cache=use` (every
+    cache), `cache=kv-only` (the KV prefix tiers, no response cache) and `cache=bypass` (no cache), to
+    show what maintaining the caches costs: all of them (use vs bypass) and the KV prefix tiers alone
+    (kv-only vs bypass; the exact response cache's Redis GET per greedy request is a separate
+    feature); an A/A control (bypassed vs bypassed) gives the method's floor, and the server's own
+    timers of its prefix-cache work give the same cost without the machine's noise.
 Writes bench/results/prefix-cache-<tag>.{json,md,png}.
 
     python -m bench.prefix_cache                       # CPU, tiny model
@@ -52,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lengths", default="512,1800", help="prompt lengths (tokens), 90%% shared prefix")
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--throughput-requests", type=int, default=10, help="requests per turn")
-    parser.add_argument("--throughput-rounds", type=int, default=40)
+    parser.add_argument("--throughput-rounds", type=int, default=40, help="rounds of one turn per arm")
     parser.add_argument("--control-rounds", type=int, default=10, help="A/A rounds, both halves bypassed")
     parser.add_argument(
         "--throughput-only", action="store_true", help="run (b) only and print it; writes no results"
@@ -173,46 +175,60 @@ def requests_per_s(probe: TtftProbe, prompts_text: list[str], cache: str | None 
     return len(prompts_text) / (time.perf_counter() - started)
 
 
+# (b)'s arms, by `cache` mode: every cache; the KV prefix tiers (L1/L2/L3) only; none (the baseline)
+ARMS = ("use", "kv-only", "bypass")
+# (b)'s comparisons against the baseline: (label, arm)
+COMPARISONS = (("all caches (use) vs bypassed", "use"), ("KV tiers (kv-only) vs bypassed", "kv-only"))
+
+
 @dataclass
 class ThroughputRun:
-    rounds: list[tuple[float, float]]  # (cache used, cache bypassed) requests/s per round
+    rounds: list[dict[str, float]]  # requests/s of each arm (ARMS) per round
     control: list[tuple[float, float]]  # A/A rounds, both halves bypassed: the method's own noise and bias
-    bookkeeping_s: dict[str, float]  # the server's own cache timers over the rounds (BOOKKEEPING)
-    requests: int  # requests that used the cache over the rounds
+    bookkeeping_s: dict[str, float]  # the server's own prefix-cache timers over the rounds (BOOKKEEPING)
+    requests: int  # requests that used the KV prefix tiers over the rounds (use and kv-only)
+
+    def pairs(self, arm: str) -> list[tuple[float, float]]:
+        """(arm, bypass) requests/s per round."""
+        return [(r[arm], r["bypass"]) for r in self.rounds]
 
 
-def alternating(probe: TtftProbe, texts: list[str], modes: tuple[str | None, str | None], rounds: int):
-    """(rate of modes[0], rate of modes[1]) per round, the order flipping every round."""
+def interleaved(probe: TtftProbe, texts: list[str], modes: tuple[str, ...], rounds: int):
+    """The rate of each of `modes` per round, in the order of `modes`; one turn each, the order rotating
+    every round (with two modes, a flip) so that no mode always runs first or after the same one."""
     out = []
     for index in range(rounds):
-        flip = index % 2 == 1
-        first, second = (modes[1], modes[0]) if flip else modes
-        a, b = requests_per_s(probe, texts, first), requests_per_s(probe, texts, second)
-        out.append((b, a) if flip else (a, b))
+        order = [(index + k) % len(modes) for k in range(len(modes))]
+        rates = {k: requests_per_s(probe, texts, modes[k]) for k in order}
+        out.append(tuple(rates[k] for k in range(len(modes))))
     return out
 
 
 def throughput(args, model_dir: Path, prompts_text: list[str]) -> ThroughputRun:
-    """(used, bypassed) requests/s per round on ONE server, in short alternating turns
-    (`--throughput-requests` each, the order flipping every round): bypassed requests read and write no
-    cache tier, so the difference is the cache's whole cost per request. Two servers (one without a
-    cache) were biased: an A/A run of that design, both servers without a cache, showed 5.4% between
-    them, more than the effect. A/A rounds here (both halves bypassed) show this method's floor. The
-    server's own timers of the cache's work (lookup, store, the L3 probe inside lookup) are read around
-    the rounds: the same cost free of the machine's noise."""
+    """Requests/s of each arm (ARMS) per round on ONE server, in short interleaved turns
+    (`--throughput-requests` each, the order rotating every round): bypassed requests read and write no
+    cache tier, so use vs bypass is the caches' whole cost per request and kv-only vs bypass the KV
+    prefix tiers' alone (kv-only skips the response caches: no Redis GET per greedy request). Two
+    servers (one without a cache) were biased: an A/A run of that design, both servers without a cache,
+    showed 5.4% between them, more than the effect. A/A rounds here (both halves bypassed) show this
+    method's floor. The server's own timers of the prefix cache's work (lookup, store, the L3 probe
+    inside lookup), which use and kv-only requests both do, are read around the rounds: the same cost
+    free of the machine's noise."""
     with start_stack(options(args, "throughput", model_dir, 256)) as stack:
         probe = TtftProbe(stack.grpc_url)
         try:
             requests_per_s(probe, prompts_text[:4])  # fill the pool's first blocks, warm the path
             flush = prompts_text[0][:40]
             before = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
-            rounds = alternating(probe, prompts_text, (None, "bypass"), args.throughput_rounds)
+            rates = interleaved(probe, prompts_text, ARMS, args.throughput_rounds)
             after = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
-            control = alternating(probe, prompts_text, ("bypass", "bypass"), args.control_rounds)
-            progress(f"(b) {len(rounds)} rounds: used {median([r[0] for r in rounds]):.2f}/s, "
-                     f"bypassed {median([r[1] for r in rounds]):.2f}/s (medians)")  # fmt: skip
+            control = interleaved(probe, prompts_text, ("bypass", "bypass"), args.control_rounds)
+            rounds = [dict(zip(ARMS, r)) for r in rates]
+            medians = ", ".join(f"{arm} {median([r[arm] for r in rounds]):.2f}/s" for arm in ARMS)
+            progress(f"(b) {len(rounds)} rounds: {medians} (medians)")
             spent = {name: after[name] - before[name] for name in BOOKKEEPING}
-            return ThroughputRun(rounds, control, spent, len(rounds) * len(prompts_text) + 1)  # + a flush
+            tiered = len(rounds) * len(prompts_text) * (len(ARMS) - 1) + 1  # use and kv-only, + a flush
+            return ThroughputRun(rounds, control, spent, tiered)
         finally:
             probe.close()
 
@@ -247,10 +263,11 @@ def cost_row(label: str, rounds: list[tuple[float, float]]) -> list[object]:
             f"{overall * 100:.2f}%"]  # fmt: skip
 
 
-def throughput_tables(run: ThroughputRun, texts: list[str]) -> tuple[str, str, float]:
-    """(b) as two tables: the interleaved rates (with the A/A control), and the server's timers."""
-    loss = median([1 - a / b for a, b in run.rounds])
-    rows = [cost_row("cache used vs bypassed", run.rounds)]
+def throughput_tables(run: ThroughputRun, texts: list[str]) -> tuple[str, str, dict[str, float]]:
+    """(b) as two tables: the interleaved rates, each arm against bypass (with the A/A control), and
+    the server's timers; and the median cost of each arm (COMPARISONS) against bypass."""
+    losses = {arm: median([1 - a / b for a, b in run.pairs(arm)]) for _, arm in COMPARISONS}
+    rows = [cost_row(label, run.pairs(arm)) for label, arm in COMPARISONS]
     if run.control:
         rows.append(cost_row("A/A control: bypassed vs bypassed", run.control))
     rates = print_table(
@@ -258,18 +275,19 @@ def throughput_tables(run: ThroughputRun, texts: list[str]) -> tuple[str, str, f
          "cost: P25-P75 of rounds", "cost: mean rates"],
         rows,
     )  # fmt: skip
-    request_ms = 1000 * sum(len(texts) / used for used, _ in run.rounds) / (len(run.rounds) * len(texts))
+    tiered = [r[arm] for r in run.rounds for arm in ("use", "kv-only")]  # the arms that do this work
+    request_ms = 1000 * sum(1 / rate for rate in tiered) / len(tiered)
     per_request = {name: 1000 * value / run.requests for name, value in run.bookkeeping_s.items()}
     spent_ms = per_request["lookup"] + per_request["store"]
     timers = print_table(
-        ["request ms (cache used)", "lookup ms", "of which waiting for the L3 probe ms",
+        ["request ms (use, kv-only)", "lookup ms", "of which waiting for the L3 probe ms",
          "L3 probe round trip ms (from arrival)", "L3 probes per request", "store ms",
          "cache work per request"],
         [[request_ms, per_request["lookup"], per_request["l3_probe_wait"], per_request["l3_probe"],
           run.bookkeeping_s["l3_probes"] / run.requests, per_request["store"],
           f"{spent_ms / request_ms * 100:.2f}%"]],
     )  # fmt: skip
-    return rates, timers, loss
+    return rates, timers, losses
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,11 +311,12 @@ def main(argv: list[str] | None = None) -> int:
              "L3 load/recompute decisions"],
             tier_rows,
         )  # fmt: skip
-    progress("(b) throughput at 0% hit rate, cache used vs bypassed on one server")
+    progress("(b) throughput at 0% hit rate, cache use vs kv-only vs bypass on one server")
     texts = [prompts.make(256) for _ in range(args.throughput_requests)]  # new tenant per turn: 0% hits
     run = throughput(args, model_dir, texts)
-    table_b, table_timers, loss = throughput_tables(run, texts)
-    print(f"throughput cost of the cache at 0% hits: median {loss * 100:.2f}% over {len(run.rounds)} rounds")
+    table_b, table_timers, losses = throughput_tables(run, texts)
+    costs = f"all caches (use) {losses['use'] * 100:.2f}%, KV tiers (kv-only) {losses['kv-only'] * 100:.2f}%"
+    print(f"throughput cost at 0% hits vs bypassed, medians over {len(run.rounds)} rounds: {costs}")
     if args.throughput_only:
         return 0
     tag = args.tag or args.device.split(":")[0]
@@ -306,8 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     payload = {
         "hit_vs_miss": rows, "per_tier": tier_rows,
-        "throughput": {"rounds": run.rounds, "control": run.control, "median_loss": loss,
-                       "requests": run.requests, "bookkeeping_s": run.bookkeeping_s},
+        "throughput": {"arms": ARMS, "rounds": run.rounds, "control": run.control,
+                       "median_loss_vs_bypass": losses, "requests": run.requests,
+                       "bookkeeping_s": run.bookkeeping_s},
         "device": args.device,
     }  # fmt: skip
     text = (
@@ -315,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats}; before every l2/l3 hit an evictor prompt of another tenant pushes the prefix out "
         f"of a device pool sized for one long prompt; 'blocks served' are the engine's own counters over "
         f"the row, evictors and misses included)\n{table_tiers}\n\n(b)\n{table_b}\n\n"
-        f"throughput cost at 0% hits (every request looks up and stores its prefix vs requests that bypass "
-        f"every cache, interleaved on one server): median {loss * 100:.2f}% over {len(run.rounds)} rounds of "
-        f"{args.throughput_requests} requests per half, the order flipping every round; the A/A row is the "
-        f"method's own floor.\n\nThe server's own timers over those rounds (host clock, per request; "
+        f"throughput cost at 0% hits against requests that bypass every cache (`cache=bypass`), "
+        f"interleaved on one server: {costs} (medians over {len(run.rounds)} rounds of "
+        f"{args.throughput_requests} requests per arm, the order of the three arms rotating every round). "
+        f"`use` requests look up and store their prefix and, being greedy, look up and store their answer "
+        f"in the exact response cache; `kv-only` requests do only the former: the KV prefix tiers' own "
+        f"cost. The A/A row is the method's own floor.\n\nThe server's own timers over those rounds (host "
+        f"clock, per use or kv-only request; "
         f'`llm_engine_cache_total{{tier="prefix"|"l3"}}`), the same cost without the machine\'s noise:\n'
         f"{table_timers}"
     )

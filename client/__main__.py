@@ -39,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past EOS")
     gen.add_argument("--tier", help="slo_tier, e.g. critical | warmup | standard | batch")
     gen.add_argument("--tenant", help="tenant id")
-    gen.add_argument("--cache", choices=("use", "bypass"), help="bypass: read and write no cache tier")
+    gen.add_argument(
+        "--cache", choices=("use", "bypass", "kv-only"),
+        help="use (default): every cache; kv-only: reuse and keep KV prefixes but no response cache, so "
+             "the answer is always generated afresh; bypass: read and write no cache tier",
+    )  # fmt: skip
     gen.add_argument("--no-stream", dest="stream", action="store_false", help="one response, not pieces")
     gen.add_argument("--exclude-input", dest="exclude_input_in_output", action="store_true", default=None,
                      help="send exclude_input_in_output=true")  # fmt: skip

@@ -78,7 +78,7 @@ def input_arrays(
         arrays["slo_tier"] = np.array([tier.encode("utf-8")], dtype=np.object_)
     if tenant is not None:
         arrays["tenant"] = np.array([tenant.encode("utf-8")], dtype=np.object_)
-    if cache is not None:  # "use" (default) or "bypass": no cache tier is read or written
+    if cache is not None:  # "use" (default), "kv-only" (no response cache) or "bypass" (no cache at all)
         arrays["cache"] = np.array([cache.encode("utf-8")], dtype=np.object_)
     return arrays
 

@@ -129,12 +129,12 @@ class Engine:
             self.recorder.observe_request(length, self._reserved_len(request))
         if (
             self.responses is not None
-            and not request.params.bypass_cache
+            and request.params.uses_response_cache
             and (cached := self.responses.lookup(request.prompt_ids, request.params))
         ):
             self._answer_from_cache(request, cached)
             return
-        if self.prefix_cache is not None and not request.params.bypass_cache:
+        if self.prefix_cache is not None and request.params.uses_kv_tiers:
             request.prefix_hint = self.prefix_cache.hint(request.prompt_ids, request.params.tenant)
         with self._lock:
             if not self._accepting:
@@ -435,7 +435,7 @@ class Engine:
         self._active[slot] = state
         started = time.perf_counter()
         params = state.request.params
-        self.prefill(slot, self._computed_tokens(state), params.tenant, use_cache=not params.bypass_cache)
+        self.prefill(slot, self._computed_tokens(state), params.tenant, use_cache=params.uses_kv_tiers)
         self.stats.resumes += 1
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
 
@@ -450,7 +450,7 @@ class Engine:
         )
         self._active[slot] = state
         started = time.perf_counter()
-        use_cache = not params.bypass_cache
+        use_cache = params.uses_kv_tiers
         hint, request.prefix_hint = request.prefix_hint, None  # a resume has more tokens: hashed anew
         logits, reused = self.prefill(slot, request.prompt_ids, params.tenant, use_cache=use_cache, hint=hint)
         token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]  # waits for the device
@@ -538,7 +538,7 @@ class Engine:
     def _emit(self, state: _Active, final: bool) -> None:
         params = state.request.params
         ready, trim = state.stop.releasable(finished=final)
-        keep = final and state.done in ("stop", "length") and not params.bypass_cache
+        keep = final and state.done in ("stop", "length") and params.uses_response_cache
         if keep and self.responses is not None:
             self.responses.remember(state.request.prompt_ids, params, state.output[:ready], trim)
         if params.stream:

@@ -9,6 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+# Which caches a request may read and write. "use": all of them; "kv-only": the KV prefix tiers
+# (L1/L2/L3) but no response cache, so the answer is always generated afresh; "bypass": none (prompts
+# that must not persist; the baseline when measuring what the caches cost).
+CACHE_MODES: tuple[str, ...] = ("use", "bypass", "kv-only")
+
 
 @dataclass(frozen=True)
 class EngineRequestParams:
@@ -26,11 +31,25 @@ class EngineRequestParams:
     tier: str = "standard"
     tenant: str = "default"
     arrival_ns: int = 0
-    bypass_cache: bool = False  # read and write no cache tier (prefix L1/L2/L3, exact, semantic)
+    cache: str = "use"  # one of CACHE_MODES
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_MODES:  # the JSON from the scheduler is checked on arrival too
+            raise ValueError(f"EngineRequestParams.cache must be one of {CACHE_MODES}, got {self.cache!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_kv_tiers(self) -> bool:
+        """Look up and store the prompt's KV prefix blocks (L1/L2/L3)."""
+        return self.cache != "bypass"
+
+    @property
+    def uses_response_cache(self) -> bool:
+        """Read and write the exact and semantic response caches."""
+        return self.cache == "use"
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode("utf-8")

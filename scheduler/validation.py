@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import RequestError
-from scheduler.messages import EngineRequestParams
+from scheduler.messages import CACHE_MODES, EngineRequestParams
 from scheduler.tiers import TierTable
 
 SAMPLING_KEYS: tuple[str, ...] = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
@@ -24,7 +24,6 @@ MAX_TEMPERATURE = 2.0
 DEFAULT_TENANT = "default"
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 TENANT_RULE = "1..64 characters from [A-Za-z0-9_.-]"
-CACHE_MODES = ("use", "bypass")
 
 
 @dataclass(frozen=True)
@@ -240,15 +239,16 @@ def validate_tenant(tenant: str | bytes | None) -> str:
     return name
 
 
-def validate_cache_mode(cache: str | bytes | None) -> bool:
-    """True for "bypass": the request is computed from scratch and nothing of it is kept in any cache
-    (prompts that must not persist in Redis; the cache's own cost measured in one server)."""
+def validate_cache_mode(cache: str | bytes | None) -> str:
+    """One of CACHE_MODES; None or empty is "use". "bypass" keeps a prompt out of every cache (it must
+    not persist in Redis); "kv-only" still reuses KV prefixes but always generates a fresh answer; both
+    give the benchmark its baselines for what the caches cost on one server."""
     mode = _decode_utf8(cache, "cache") if isinstance(cache, bytes) else cache
     if mode is None or mode == "":
-        return False
+        return "use"
     if mode not in CACHE_MODES:
         raise _invalid(f"invalid cache {mode!r}; allowed: {', '.join(CACHE_MODES)} (default use)")
-    return mode == "bypass"
+    return mode
 
 
 def validate_tier(tier: str | bytes | None, tiers: TierTable) -> str:
@@ -285,5 +285,5 @@ def build_request(
         tier=validate_tier(tier, tiers),
         tenant=validate_tenant(tenant),
         arrival_ns=int(now_ns),
-        bypass_cache=validate_cache_mode(cache),
+        cache=validate_cache_mode(cache),
     )

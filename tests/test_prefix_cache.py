@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch
 
 from cache.cost_model import LoadCostModel
+from cache.response_cache import ExactResponseCache
 from engine.cache_stats import cache_counters
 from engine.engine import Engine
 from engine.l2_pool import HostBlockPool
 from engine.model_runner import KVShape, ModelRunner
 from engine.prefix_cache import PrefixCache, block_keys
+from engine.response_tier import ResponseTier
 from engine.warmup import run_warmup
+from tests.conftest import wait_for
 from tests.test_engine_batching import BUCKETS, EOS, RecordingSink, model, request, run_until_idle  # noqa: F401
 
 PREFIX = [1] + list(range(40, 88))  # 49 tokens: three full blocks of 16
@@ -71,13 +75,43 @@ def test_tenants_never_share_cached_prefixes(model):  # noqa: F811
 
 def test_a_bypass_request_neither_reuses_nor_leaves_a_prefix(model):  # noqa: F811
     engine = make_engine(model)
-    expected = run(engine, PREFIX + [5, 6, 7], bypass_cache=True)
+    expected = run(engine, PREFIX + [5, 6, 7], cache="bypass")
     assert not engine.prefix_cache.index, "a bypass request stored its blocks"
     run(engine, PREFIX + [9])  # an ordinary request fills the cache
-    assert run(engine, PREFIX + [5, 6, 7], bypass_cache=True) == expected
+    assert run(engine, PREFIX + [5, 6, 7], cache="bypass") == expected
     assert engine.stats.prefix_reused_tokens == 0, "a bypass request reused a cached prefix"
     run(engine, PREFIX + [5, 6, 7])
     assert engine.stats.prefix_reused_tokens == 48
+
+
+def test_a_kv_only_request_reuses_and_keeps_prefixes_but_no_response(model, redis_server):  # noqa: F811
+    """kv-only: the KV prefix tiers as for `use`, but the exact response cache is neither read nor
+    written (its counters and the engine's "cached" finishes tell), so the answer is always generated."""
+    engine = make_engine(model)
+    exact = ExactResponseCache(redis_server, fingerprint=f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+
+    def letters(ids: list[int]) -> bytes:  # the engine's token_bytes, for a whole answer
+        return bytes(97 + t % 26 for t in ids)
+
+    engine.responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], letters)
+    try:
+        expected = run(engine, PREFIX + [5, 6, 7], cache="kv-only")
+        assert engine.prefix_cache.index, "a kv-only request left no prefix behind"
+        assert run(engine, PREFIX + [5, 6, 7]) == expected
+        assert engine.stats.prefix_reused_tokens == 48, "use reused the prefix kv-only stored"
+        assert wait_for(lambda: exact.snapshot()["stores"] == 1), "use kept no response"
+        run(engine, PREFIX + [5, 6, 7])
+        assert engine.stats.finished.get("cached") == 1 and exact.snapshot()["hits"] == 1
+        assert run(engine, PREFIX + [5, 6, 7], cache="kv-only") == expected
+        assert engine.stats.finished.get("cached") == 1, "a kv-only request was answered from the cache"
+        assert engine.stats.prefix_reused_tokens == 96, "a kv-only request reused no prefix"
+        run(engine, PREFIX + [8], cache="kv-only")
+        engine.responses.close()  # drains the write-behind queue: every write has landed
+        stats = exact.snapshot()
+        assert (stats["hits"], stats["misses"]) == (1, 1), "a kv-only request read the response cache"
+        assert stats["stores"] == 1, "a kv-only request wrote the response cache"
+    finally:
+        exact.close()
 
 
 def test_eviction_takes_unpinned_tails_first(model):  # noqa: F811

@@ -194,18 +194,30 @@ def test_absent_tenant_is_default() -> None:
     assert build(tenant="").tenant == "default"
 
 
-@pytest.mark.parametrize(("cache", "bypass"), [(None, False), ("", False), ("use", False), (b"bypass", True)])
-def test_cache_modes(cache: str | bytes | None, bypass: bool) -> None:
+@pytest.mark.parametrize(
+    ("cache", "mode", "kv_tiers", "responses"),
+    [(None, "use", True, True), ("", "use", True, True), ("use", "use", True, True),
+     (b"bypass", "bypass", False, False), ("kv-only", "kv-only", True, False),
+     (b"kv-only", "kv-only", True, False)],
+)  # fmt: skip
+def test_cache_modes(cache: str | bytes | None, mode: str, kv_tiers: bool, responses: bool) -> None:
     params = build(cache=cache)
-    assert params.bypass_cache is bypass
-    assert EngineRequestParams.from_bytes(params.to_bytes()).bypass_cache is bypass
+    assert (params.cache, params.uses_kv_tiers, params.uses_response_cache) == (mode, kv_tiers, responses)
+    assert EngineRequestParams.from_bytes(params.to_bytes()) == params
 
 
-@pytest.mark.parametrize("cache", ["off", "BYPASS", "no"])
+@pytest.mark.parametrize("cache", ["off", "BYPASS", "no", "kv_only", "kv"])
 def test_unknown_cache_mode(cache: str) -> None:
     with pytest.raises(RequestError) as info:
         build(cache=cache)
-    assert str(info.value) == f"invalid cache {cache!r}; allowed: use, bypass (default use)"
+    assert info.value.code == "INVALID_ARG"
+    assert str(info.value) == f"invalid cache {cache!r}; allowed: use, bypass, kv-only (default use)"
+
+
+def test_engine_message_with_an_unknown_cache_mode_is_refused() -> None:
+    data = build(cache="kv-only").to_bytes().replace(b'"kv-only"', b'"kv"')
+    with pytest.raises(ValueError, match="cache must be one of"):
+        EngineRequestParams.from_bytes(data)
 
 
 def test_stream_flags() -> None:

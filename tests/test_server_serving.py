@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 
 import numpy as np
 import pytest
@@ -223,8 +224,42 @@ def test_a_bypass_request_is_neither_answered_from_nor_kept_in_any_cache(grpc_ur
     assert again.text == first.text and counters() == before, "a bypass request read a cache"
     ordinary = generate(grpc_url, prompt, sampling=sampling, tenant="bypass")
     assert ordinary.text == first.text and counters() == before, "a bypass request left an entry behind"
-    with pytest.raises(GenerationError, match="invalid cache 'off'; allowed: use, bypass"):
+    with pytest.raises(GenerationError, match="invalid cache 'off'; allowed: use, bypass, kv-only"):
         generate(grpc_url, prompt, sampling=sampling, cache="off")
+
+
+def test_a_kv_only_request_reuses_the_prefix_but_is_never_answered_from_the_response_cache(
+    grpc_url, metrics_url
+):
+    prompt = "KV-only probe: a long enough question to fill a few prefix blocks of sixteen tokens each, twice"
+    sampling = {"max_tokens": 8, "ignore_eos": True}  # greedy: cacheable when the request uses the caches
+
+    def counters() -> tuple[float, float]:
+        m = scrape_metrics(metrics_url)
+        return (
+            metric_total(m, "llm_engine_requests_finished_total", status="cached"),
+            metric_total(m, "llm_engine_prefix_cache_tokens_total", result="reused"),
+        )
+
+    first = generate(grpc_url, prompt, sampling=sampling, tenant="kv-only")
+    cached_before = counters()[0]
+    # the answer is written in the background: poll until an identical `use` request is a hit
+    assert wait_for(lambda: generate(grpc_url, prompt, sampling=sampling, tenant="kv-only").text == first.text
+                    and counters()[0] > cached_before)  # fmt: skip
+    time.sleep(1.1)  # the engine publishes prefix counters at most once a second: let the misses' land
+    generate(grpc_url, "flush", sampling={"max_tokens": 1}, tenant="kv-only-flush")
+    cached, reused = counters()
+
+    def reuses_without_the_response_cache() -> bool:  # prefix counters are published once a second
+        again = generate(grpc_url, prompt, sampling=sampling, tenant="kv-only", cache="kv-only")
+        assert again.text == first.text and counters()[0] == cached, "answered from the response cache"
+        return counters()[1] > reused
+
+    assert wait_for(reuses_without_the_response_cache), "a kv-only request reused no cached prefix"
+    other = "KV-only probe, never asked with the response cache: another question of several prefix blocks"
+    kv_only = generate(grpc_url, other, sampling=sampling, tenant="kv-only", cache="kv-only")
+    ordinary = generate(grpc_url, other, sampling=sampling, tenant="kv-only")
+    assert ordinary.text == kv_only.text and counters()[0] == cached, "a kv-only request kept its response"
 
 
 def test_long_prompts_that_share_a_prefix_reuse_its_tokenization(grpc_url, metrics_url):
