@@ -6,6 +6,14 @@ median(steady). A first request is one sample: on the H200 a 7 ms TTFT varies by
 to request, so with several starts the ratio is the median first request over the starts (the worst
 one beside it). Writes bench/results/coldstart-<tag>.{json,md,png}.
 
+TTFT here is the time to the first token's response, text or not: a first token that ends inside a
+UTF-8 character comes back as an empty piece and its text waits for the next token (the random 1B
+model's greedy first token for the first 48-token prompt is 0xD9, half of a two-byte character), which
+is the prompt's property, not the server's temperature. The time to the first text is reported beside
+it. With `--idle-s`, each length's first request and `--idle-steady` more follow an idle pause of that
+length: a replica that has served for an hour and then idled pays the wake-up of every hop too, and
+first / idle-steady separates that from the cold start.
+
     python -m bench.coldstart                                   # CPU, tiny model
     python -m bench.coldstart --device cuda --dtype bfloat16 --preset 1b --max-seq-len 4096 \
         --lengths 12,48,200,900,1800,3500 --text-env $TEXT_ENV --no-redis --tag h200
@@ -41,10 +49,13 @@ TARGET_RATIO = 1.1  # issue 3: first request at most 1.1x steady at every length
 @dataclass
 class LengthResult:
     tokens: int
-    first_ms: list[float]  # one per server start
+    first_ms: list[float]  # to the first token; one per server start
     steady_ms: list[float]
     engine_first_ms: list[float]
     engine_steady_ms: list[float]
+    first_text_ms: list[float] = field(default_factory=list)
+    steady_text_ms: list[float] = field(default_factory=list)
+    idle_steady_ms: list[float] = field(default_factory=list)  # steady requests after an idle pause
 
     @property
     def steady_median_ms(self) -> float:
@@ -58,6 +69,14 @@ class LengthResult:
     def worst_ratio(self) -> float:
         return max(self.first_ms) / self.steady_median_ms
 
+    @property
+    def text_ratio(self) -> float:
+        return median(self.first_text_ms) / median(self.steady_text_ms)
+
+    @property
+    def idle_ratio(self) -> float | None:
+        return median(self.first_ms) / median(self.idle_steady_ms) if self.idle_steady_ms else None
+
 
 @dataclass
 class ConfigResult:
@@ -69,10 +88,11 @@ class ConfigResult:
         """The same configuration started again: per length, the samples of both starts."""
         self.ready_s += other.ready_s
         for mine, theirs in zip(self.lengths, other.lengths, strict=True):
-            mine.first_ms += theirs.first_ms
-            mine.steady_ms += theirs.steady_ms
-            mine.engine_first_ms += theirs.engine_first_ms
-            mine.engine_steady_ms += theirs.engine_steady_ms
+            for name in (
+                "first_ms", "steady_ms", "engine_first_ms", "engine_steady_ms", "first_text_ms",
+                "steady_text_ms", "idle_steady_ms",
+            ):  # fmt: skip
+                getattr(mine, name).extend(getattr(theirs, name))
         return self
 
 
@@ -85,6 +105,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--steady", type=int, default=8, help="requests per length after the first")
     parser.add_argument("--starts", type=int, default=1, help="server starts with warmup on")
+    parser.add_argument(
+        "--idle-s", type=float, default=0.0, help="idle pause before each first and idle-steady request"
+    )
+    parser.add_argument("--idle-steady", type=int, default=2, help="steady requests after an idle pause")
     add_engine_args(parser)
     parser.add_argument(
         "--no-redis", action="store_true", help="do not start redis-server (none on the GPU image)"
@@ -113,10 +137,17 @@ def run_config(args: argparse.Namespace, model_dir: Path, warmup: bool, lengths:
     engine = EngineTtft(stack.metrics_url)
     try:
         for tokens in lengths:
-            first = probe.ttft_ms(prompts.make(tokens))
+            time.sleep(args.idle_s)
+            first, first_text = probe.first_token_ms(prompts.make(tokens))
             engine_first = engine.mean_ms_since_last()
-            steady = [probe.ttft_ms(prompts.make(tokens)) for _ in range(args.steady)]
-            item = LengthResult(tokens, [first], steady, [engine_first], [engine.mean_ms_since_last()])
+            steady = [probe.first_token_ms(prompts.make(tokens)) for _ in range(args.steady)]
+            item = LengthResult(
+                tokens, [first], [s[0] for s in steady], [engine_first], [engine.mean_ms_since_last()],
+                [first_text], [s[1] for s in steady],
+            )  # fmt: skip
+            for _ in range(args.idle_steady if args.idle_s > 0 else 0):
+                time.sleep(args.idle_s)
+                item.idle_steady_ms.append(probe.first_token_ms(prompts.make(tokens))[0])
             result.lengths.append(item)
             progress(
                 f"warmup {label}: {tokens:>5} tokens first {first:8.2f} ms  "
@@ -176,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         "target",
         "engine first ms",
         "engine steady ms",
+        "first/steady (first text)",
+        "first/idle-steady",
     ]
     rows = []
     for config in results:
@@ -192,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                     target,
                     median(item.engine_first_ms),
                     median(item.engine_steady_ms),
+                    item.text_ratio,
+                    "" if item.idle_ratio is None else item.idle_ratio,
                 ]
             )
     table = print_table(headers, rows)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from client.generate import StreamingSession
+from client.generate import GenerationResult, StreamingSession
 from client.metrics import metric_total, scrape_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +97,24 @@ class TtftProbe:
         tenant: str | None = None,
         cache: str | None = None,
     ) -> float:
+        """Time to the first text."""
+        return self.request(prompt, max_tokens, tier, tenant, cache).ttft_s * 1000.0
+
+    def first_token_ms(self, prompt: str, max_tokens: int = PROBE_MAX_TOKENS) -> tuple[float, float]:
+        """(time to the first token's response, time to the first text). They differ when the first
+        token ends inside a UTF-8 character: the text then waits for the next token, which says
+        something about the prompt and the model's output, not about how warm the server is."""
+        result = self.request(prompt, max_tokens)
+        return result.first_token_s * 1000.0, result.ttft_s * 1000.0
+
+    def request(
+        self,
+        prompt: str,
+        max_tokens: int = PROBE_MAX_TOKENS,
+        tier: str | None = None,
+        tenant: str | None = None,
+        cache: str | None = None,
+    ) -> GenerationResult:
         sampling = {"max_tokens": max_tokens, "ignore_eos": True}
         rid = self.session.submit(prompt, sampling=sampling, tier=tier, tenant=tenant, cache=cache)
         if not self.session.wait([rid], timeout_s=300):
@@ -104,7 +122,7 @@ class TtftProbe:
         result = self.session.result(rid)
         if result.error:
             raise RuntimeError(f"request {rid} failed: {result.error}")
-        return result.ttft_s * 1000.0
+        return result
 
     def close(self) -> None:
         self.session.close()

@@ -44,7 +44,9 @@ class GenerationError(RuntimeError):
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """One finished request. `ttft_s` is None when no non-empty piece arrived."""
+    """One finished request. `ttft_s` is None when no non-empty piece arrived. `first_token_s`: when
+    the first token's response arrived, text or not (a token that ends inside a UTF-8 character is held
+    back by the detokenizer: its piece is empty, and the text waits for the next token)."""
 
     text: str
     pieces: list[str]
@@ -52,6 +54,7 @@ class GenerationResult:
     total_s: float
     error: str | None = None
     request_id: str = ""
+    first_token_s: float | None = None
 
 
 def input_arrays(
@@ -123,14 +126,22 @@ class _Pending:
     on_piece: PieceCallback | None
     pieces: list[str] = field(default_factory=list)
     first_piece_s: float | None = None
+    first_response_s: float | None = None  # the first response with output, empty piece or not
     done_s: float | None = None
     error: str | None = None
 
     def result(self, now_s: float) -> GenerationResult:
         end = self.done_s if self.done_s is not None else now_s
         ttft = None if self.first_piece_s is None else self.first_piece_s - self.sent_s
+        first_token = None if self.first_response_s is None else self.first_response_s - self.sent_s
         return GenerationResult(
-            "".join(self.pieces), list(self.pieces), ttft, end - self.sent_s, self.error, self.request_id
+            "".join(self.pieces),
+            list(self.pieces),
+            ttft,
+            end - self.sent_s,
+            self.error,
+            self.request_id,
+            first_token,
         )
 
 
@@ -297,6 +308,8 @@ class StreamingSession:
             pending = self._pending.get(rid)
             if pending is None or pending.done_s is not None:
                 return
+            if pieces and pending.first_response_s is None:
+                pending.first_response_s = now
             for piece in pieces:
                 pending.pieces.append(piece)
                 if piece and pending.first_piece_s is None:

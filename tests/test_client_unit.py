@@ -198,6 +198,7 @@ def test_generate_streams_pieces(fake: tuple[str, FakeLLM]) -> None:
     assert result.pieces == ["", "one ", "two ", "three "]
     assert seen == ["one ", "two ", "three "]
     assert result.error is None and result.ttft_s is not None and 0 < result.ttft_s <= result.total_s
+    assert result.first_token_s is not None and 0 < result.first_token_s < result.ttft_s  # the empty piece
     request = servicer.requests[0]
     assert request.model_name == "llm" and request.id == result.request_id
     assert request.parameters["triton_enable_empty_final_response"].bool_param
