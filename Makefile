@@ -40,7 +40,7 @@ lint: setup
 	$(PY) -m ruff check .
 
 bench-coldstart: setup model
-	$(ENV) $(PY) -m bench.coldstart
+	$(ENV) $(PY) -m bench.coldstart --starts 3 --idle-s 1
 
 bench-warmup: setup model
 	$(ENV) $(PY) -m bench.warmup

@@ -1,0 +1,153 @@
+"""Where each request's first token goes, hop by hop, from Triton's own request traces.
+
+Starts one warm server with Triton tracing on (TIMESTAMPS, every request), sends `--requests` per
+length one at a time, and prints per request: the client's time to the first token, then from the
+trace (all on the server's clock, from the gRPC read of the request): the wait for the scheduler
+step, its compute, the engine (from its request's start to the first token's detokenizer request:
+queue, prefill and the response's routing), the detokenizer's queue and compute, and the gRPC send.
+Client time beyond the server's send end is the client's own (reading, its threads). This is how the
+coldstart bench's slow "first" 48-token request on the H200 was found to be fast on the server: the
+delay was a held-back first token (its text waited for the second one).
+
+    python -m bench.ttft_trace --lengths 12,48,200 --requests 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import (
+    REPO_ROOT,
+    PromptFactory,
+    TtftProbe,
+    add_engine_args,
+    engine_env,
+    model_dir_for,
+    print_table,
+    progress,
+)
+from deploy.launch import StackOptions, start_stack
+
+HOPS = (
+    "to scheduler",
+    "scheduler compute",
+    "engine to first token",
+    "detok queue",
+    "detok compute",
+    "send",
+    "read to send end",
+)
+
+
+@dataclass
+class Trace:
+    """One traced request of one model: its parent (the ensemble's) and named timestamps (ns)."""
+
+    model: str | None = None
+    parent: int | None = None
+    stamps: dict[str, list[int]] | None = None
+
+
+def load_traces(path: Path) -> dict[int, Trace]:
+    """Triton writes a JSON list per file (`path`, `path.0`, `path.1`, ...) with one entry per event."""
+    traces: dict[int, Trace] = {}
+    for file in sorted(path.parent.glob(path.name + "*")):
+        try:
+            entries = json.loads(file.read_text())
+        except ValueError:
+            continue  # a file cut short by the shutdown
+        for entry in entries:
+            trace = traces.setdefault(entry["id"], Trace(stamps={}))
+            trace.model = entry.get("model_name", trace.model)
+            trace.parent = entry.get("parent_id", trace.parent)
+            for stamp in entry.get("timestamps", []):
+                trace.stamps.setdefault(stamp["name"], []).append(stamp["ns"])
+    return traces
+
+
+def hops_ms(top: Trace, children: list[Trace]) -> list[float]:
+    """The durations of HOPS for one ensemble request's first token."""
+
+    def first(trace: Trace, name: str) -> int:
+        return min(trace.stamps[name])
+
+    sched = next(c for c in children if c.model == "slo_scheduler")
+    engine = next(c for c in children if c.model == "llm_engine")
+    detok = min((c for c in children if c.model == "detokenizer"), key=lambda c: first(c, "REQUEST_START"))
+    read = first(top, "GRPC_WAITREAD_END")
+    points = [
+        (read, first(sched, "COMPUTE_START")),
+        (first(sched, "COMPUTE_START"), first(sched, "COMPUTE_END")),
+        (first(engine, "REQUEST_START"), first(detok, "REQUEST_START")),
+        (first(detok, "REQUEST_START"), first(detok, "COMPUTE_START")),
+        (first(detok, "COMPUTE_START"), first(detok, "COMPUTE_END")),
+        (first(top, "GRPC_SEND_START"), first(top, "GRPC_SEND_END")),
+        (read, first(top, "GRPC_SEND_END")),
+    ]
+    return [(end - start) / 1e6 for start, end in points]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lengths", default="12,48,200")
+    parser.add_argument("--requests", type=int, default=9, help="requests per length, one at a time")
+    add_engine_args(parser, results=False)
+    args = parser.parse_args(argv)
+    model_dir = model_dir_for(args.preset, args.model_dir)
+    run_dir = REPO_ROOT / ".run" / "bench-ttft-trace"
+    trace_file = run_dir / "trace.json"
+    for old in run_dir.glob("trace.json*"):
+        old.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    options = StackOptions(
+        run_dir=run_dir,
+        model_dir=model_dir,
+        warmup=True,
+        text_env=args.text_env,
+        extra_env=engine_env(args.device, args.dtype, args.max_seq_len),
+        extra_args=[
+            *("--trace-config", f"triton,file={trace_file}"),
+            *("--trace-config", "triton,log-frequency=1"),
+            *("--trace-config", "level=TIMESTAMPS"),
+            *("--trace-config", "rate=1"),
+        ],
+    )
+    stack = start_stack(options)
+    prompts = PromptFactory(model_dir)
+    probe = TtftProbe(stack.grpc_url)
+    sent = []
+    try:
+        for tokens in (int(x) for x in args.lengths.split(",")):
+            for _ in range(args.requests):
+                result = probe.request(prompts.make(tokens))
+                sent.append((tokens, result.first_token_s * 1000.0, result.ttft_s * 1000.0))
+        progress("done; reading the traces")
+    finally:
+        probe.close()
+        stack.stop()
+    traces = load_traces(trace_file)
+    children: dict[int, list[Trace]] = {}
+    for trace in traces.values():
+        if trace.parent is not None:
+            children.setdefault(trace.parent, []).append(trace)
+    tops = sorted(
+        (min(t.stamps["GRPC_WAITREAD_END"]), tid)
+        for tid, t in traces.items()
+        if t.model == "llm" and "GRPC_WAITREAD_END" in t.stamps
+    )[-len(sent) :]
+    rows = [
+        [tokens, token_ms, text_ms, *hops_ms(traces[tid], children[tid])]
+        for (tokens, token_ms, text_ms), (_, tid) in zip(sent, tops)
+    ]
+    print_table(["tokens", "client first token ms", "client first text ms", *[f"{h} ms" for h in HOPS]], rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
