@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -89,16 +90,9 @@ class TtftProbe:
     def __init__(self, url: str):
         self.session = StreamingSession(url)
 
-    def ttft_ms(
-        self,
-        prompt: str,
-        max_tokens: int = PROBE_MAX_TOKENS,
-        tier: str | None = None,
-        tenant: str | None = None,
-        cache: str | None = None,
-    ) -> float:
-        """Time to the first text."""
-        return self.request(prompt, max_tokens, tier, tenant, cache).ttft_s * 1000.0
+    def ttft_ms(self, prompt: str, **options: Any) -> float:
+        """Time to the first text; `options` as `request` takes them."""
+        return self.request(prompt, **options).ttft_s * 1000.0
 
     def first_token_ms(self, prompt: str, max_tokens: int = PROBE_MAX_TOKENS) -> tuple[float, float]:
         """(time to the first token's response, time to the first text). They differ when the first
