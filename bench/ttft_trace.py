@@ -10,6 +10,7 @@ coldstart bench's slow "first" 48-token request on the H200 was found to be fast
 delay was a held-back first token (its text waited for the second one).
 
     python -m bench.ttft_trace --lengths 12,48,200 --requests 9
+    python -m bench.ttft_trace --lengths 2048 --shared 0.9     # prefix-cache hits after the first
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lengths", default="12,48,200")
     parser.add_argument("--requests", type=int, default=9, help="requests per length, one at a time")
+    parser.add_argument(
+        "--shared", type=float, default=0.0, help="share of each prompt that is one prefix per length (hits)"
+    )
     add_engine_args(parser, results=False)
     args = parser.parse_args(argv)
     model_dir = model_dir_for(args.preset, args.model_dir)
@@ -124,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     sent = []
     try:
         for tokens in (int(x) for x in args.lengths.split(",")):
+            shared = int(tokens * args.shared)
+            prefix = prompts.make(shared) if shared else ""
             for _ in range(args.requests):
-                result = probe.request(prompts.make(tokens))
+                result = probe.request(prefix + prompts.make(tokens - shared))
                 sent.append((tokens, result.first_token_s * 1000.0, result.ttft_s * 1000.0))
         progress("done; reading the traces")
     finally:
