@@ -124,6 +124,11 @@ class Engine:
             raise RequestError.invalid(
                 f"prompt has {length} tokens; this engine accepts at most {self.max_prompt_tokens}"
             )
+        low, high = min(request.prompt_ids), max(request.prompt_ids)
+        if low < 0 or high >= self.runner.vocab_size:  # in a prefill it would fail every active request
+            raise RequestError.invalid(
+                f"input_ids holds {low if low < 0 else high}; token ids are 0 to {self.runner.vocab_size - 1}"
+            )
         request.received_ns = request.received_ns or time.time_ns()
         if self.recorder is not None and request.params.tier != "warmup":  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))

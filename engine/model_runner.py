@@ -94,6 +94,7 @@ class ModelRunner:
             )
         self.model = model
         self.decoder = model.model
+        self.vocab_size = model.get_input_embeddings().num_embeddings  # ids the embedding can look up
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         attn = self.decoder.layers[0].self_attn

@@ -13,6 +13,7 @@ from engine.engine import Engine
 from engine.model_runner import ModelRunner
 from engine.requests import EngineRequest
 from engine.warmup import run_warmup
+from scheduler.errors import RequestError
 from scheduler.messages import EngineRequestParams
 
 BUCKETS = (8, 16, 32, 64)
@@ -356,3 +357,18 @@ def test_a_prefill_graph_capture_is_its_buckets_warmup_and_a_failed_one_falls_ba
     stages = {s.name: s.items for s in report.stages}
     assert stages["prefill_graphs"] == 4 and stages["prefill_buckets"] == 1
     assert {("prefill", bucket) for bucket in (8, 16, 32, 64, 128)} <= engine.stats.shapes_seen
+
+
+def test_a_token_id_outside_the_vocabulary_fails_only_its_own_request(model):
+    """Direct `llm_engine` clients send ids, not text: an id the embedding cannot look up is rejected at
+    submit, instead of failing the prefill and with it every request running beside it."""
+    engine = make_engine(model)
+    running = RecordingSink()
+    engine.submit(request([5, 6, 7], running, rid="ok", max_tokens=6))
+    engine.step()
+    for bad in ([1, 300, 4], [-1, 4]):
+        with pytest.raises(RequestError) as info:
+            engine.submit(request(bad, RecordingSink(), rid="bad"))
+        assert info.value.code == "INVALID_ARG" and "token ids are 0 to 299" in info.value.message
+    run_until_idle(engine)
+    assert not running.errors and len(running.tokens) == 6
