@@ -176,7 +176,9 @@ def test_by_default_blocks_reach_redis_on_reuse_or_from_warmup_traffic_only(mode
     writes = captured_writes(first)
     serve(first, PROMPT + [5])
     assert writes == [], "a one-off prompt costs no host copy and no Redis write"
-    serve(first, PROMPT + [6])  # the prefix is reused: now it is worth sharing
+    hits = first.prefix_cache.lookup(PROMPT + [6], "default")  # the prefix is reused: worth sharing,
+    assert len(hits) == 3 and writes == [], "but not before the reusing request's first token"
+    serve(first, PROMPT + [6])  # ... by its store, once the first token is out
     assert [len(keys) for keys, _ in writes] == [3]
     serve(first, PROMPT + [7])
     assert len(writes) == 1, "published once"
