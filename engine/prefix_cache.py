@@ -230,8 +230,8 @@ class PrefixCache:
         `publish_on_first_use`; otherwise a block is written when it is reused: hit in L1/L2 (written
         by the store after the `lookup` that found it) or stored a second time after an eviction.
         One-off prompts, most of the traffic at a low hit rate, then cost no host copy and no Redis
-        write. `head`: the keys of `tokens`' leading
-        blocks, already hashed for this tenant (a `PrefixHint`'s); only the rest is hashed here.
+        write. `head`: the keys of `tokens`' leading blocks, already hashed for this tenant (a
+        `PrefixHint`'s); only the rest is hashed here.
         """
         started = self.clock()
         try:
