@@ -7,7 +7,8 @@ step, its compute, the engine (from its request's start to the first token's det
 queue, prefill and the response's routing), the detokenizer's queue and compute, and the gRPC send.
 Client time beyond the server's send end is the client's own (reading, its threads). This is how the
 coldstart bench's slow "first" 48-token request on the H200 was found to be fast on the server: the
-delay was a held-back first token (its text waited for the second one).
+delay was a held-back first token (its text waited for the second one). Writes
+bench/results/ttft-trace-<tag>.{json,md,png} (the PNG: median time per hop and length, stacked).
 
     python -m bench.ttft_trace --lengths 12,48,200 --requests 9
     python -m bench.ttft_trace --lengths 2048 --shared 0.9     # prefix-cache hits after the first
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +29,11 @@ from bench.common import (
     TtftProbe,
     add_engine_args,
     engine_env,
+    median,
     model_dir_for,
     print_table,
     progress,
+    write_results,
 )
 from deploy.launch import StackOptions, start_stack
 
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shared", type=float, default=0.0, help="share of each prompt that is one prefix per length (hits)"
     )
-    add_engine_args(parser, results=False)
+    add_engine_args(parser)
     args = parser.parse_args(argv)
     model_dir = model_dir_for(args.preset, args.model_dir)
     run_dir = REPO_ROOT / ".run" / "bench-ttft-trace"
@@ -151,8 +155,41 @@ def main(argv: list[str] | None = None) -> int:
         [tokens, token_ms, text_ms, *hops_ms(traces[tid], children[tid])]
         for (tokens, token_ms, text_ms), (_, tid) in zip(sent, tops)
     ]
-    print_table(["tokens", "client first token ms", "client first text ms", *[f"{h} ms" for h in HOPS]], rows)
+    headers = ["tokens", "client first token ms", "client first text ms", *[f"{h} ms" for h in HOPS]]
+    table = print_table(headers, rows)
+    command = "python -m bench.ttft_trace " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    payload = {"hops": HOPS, "headers": headers, "rows": rows, "shared": args.shared}
+    tag = args.tag or args.device.split(":")[0]
+    base = write_results("ttft-trace", tag, payload, table, command, args.out_dir)
+    plot(rows, base.with_suffix(".png"))
+    progress(f"wrote {base}.json/.md/.png")
     return 0
+
+
+def plot(rows: list[list[float]], path: Path) -> None:
+    """Median time of each server hop of the first token, per prompt length, stacked (the last hop,
+    read to send end, is their span and is left out), beside the client's time to the first token."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({row[0] for row in rows})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bottoms = [0.0] * len(lengths)
+    for index, hop in enumerate(HOPS[:-1]):
+        heights = [median([row[3 + index] for row in rows if row[0] == n]) for n in lengths]
+        ax.bar([str(n) for n in lengths], heights, bottom=bottoms, label=hop)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    client = [median([row[1] for row in rows if row[0] == n]) for n in lengths]
+    ax.plot([str(n) for n in lengths], client, "k_", markersize=30, label="client: first token")
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("ms (median over the requests)")
+    ax.set_title("Where the first token's time goes (Triton request traces)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
