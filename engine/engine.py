@@ -56,6 +56,17 @@ class _Active:
         return self.request.params.tier
 
 
+@dataclass
+class _PendingStore:
+    """A computed prompt whose full blocks the prefix cache keeps once the engine gets to it
+    (`Engine._keep_prefixes`); `head`: its chain keys hashed on arrival."""
+
+    tokens: list[int]
+    tenant: str
+    publish: bool
+    head: list[bytes] | None
+
+
 class Engine:
     def __init__(
         self,
@@ -105,6 +116,7 @@ class Engine:
         self.prefix_cache: PrefixCache | None = None
         self.preemption = preemption
         self._suspended: dict[str, _Active] = {}
+        self._pending_stores: dict[int, _PendingStore] = {}  # by slot
         self.recorder: TrafficRecorder | None = None
 
     @property
@@ -235,7 +247,7 @@ class Engine:
             request.sink.fail("UNAVAILABLE", message)
         for state in list(self._active.values()):
             state.request.sink.fail("UNAVAILABLE", message)
-            self._release(state)
+            self._release(state, keep_prefix=False)
 
     def step(self) -> bool:
         """One scheduling iteration; False when there was nothing to do."""
@@ -422,6 +434,7 @@ class Engine:
     def _suspend(self, state: _Active) -> None:
         """Give the slot up and requeue the request; it resumes from its tokens (first token already sent)."""
         if self.prefix_cache is not None:  # park what the slot computed so resuming mostly copies blocks
+            self._pending_stores.pop(state.slot, None)  # the prompt's blocks are among these
             self.prefix_cache.store(state.slot, self._computed_tokens(state), state.request.params.tenant)
         state.preemptions += 1
         self.stats.preemptions += 1
@@ -465,12 +478,11 @@ class Engine:
             self.prefix_cache.cost.observe_prefill(computed, seconds)
         self.stats.prefill_steps += 1
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
-        self._accept_token(state, token)  # the first token leaves before any metrics round trip
-        if self.prefix_cache is not None and use_cache:  # the slot keeps the prompt's KV until reused
+        if self.prefix_cache is not None and use_cache:  # the slot keeps the prompt's KV until released
             head = None if hint is None else hint.keys  # hashed on arrival: the store hashes only the rest
-            self.prefix_cache.store(
-                slot, request.prompt_ids, params.tenant, publish=params.tier == "warmup", head=head
-            )
+            publish = params.tier == "warmup"
+            self._pending_stores[slot] = _PendingStore(request.prompt_ids, params.tenant, publish, head)
+        self._accept_token(state, token)  # the first token leaves before any metrics round trip
         self.observer.on_step("prefill", 1, time.perf_counter() - started)
         self.observer.on_first_token(params.tier, ttft_s)
         self.observer.on_scheduling(params.tier, request.scheduling_ns / 1e9)
@@ -490,6 +502,7 @@ class Engine:
         returns (logits, tokens reused). `hint`: the prefix work started when `prompt` arrived."""
         reused = 0
         if self.prefix_cache is not None and use_cache:
+            self._keep_prefixes()  # a lookup sees every prefix computed before it
             hits = self.prefix_cache.lookup(prompt, tenant, hint)
             if hits:
                 reused = self.prefix_cache.load(slot, hits)
@@ -508,6 +521,7 @@ class Engine:
         self.note_shape("decode", kv_len)
         started = time.perf_counter()
         logits = self.runner.decode(self._last_tokens, self._positions, kv_len)
+        self._keep_prefixes()  # on a GPU, while the step runs there
         tokens = pick_tokens(logits, {s.slot: s.sampler for s in states})
         self.stats.decode_steps += 1
         self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(states))
@@ -566,7 +580,25 @@ class Engine:
         self.observer.on_finish(state.tier, status, len(state.output))
         self._release(state)
 
-    def _release(self, state: _Active) -> None:
+    def _keep_prefixes(self, slot: int | None = None) -> None:
+        """Store the prompts computed since the last call (every slot's, or one). A store is not run
+        when its prompt's first token leaves: it waits for the next decode step's launch, so that on a
+        GPU its host work (~0.7 ms a request on the H200, 0.6 on the CPU VM) runs while the device
+        computes, or for the next lookup (which must see every computed prefix, as a burst of
+        requests sharing one needs), or for its slot's release, whichever comes first."""
+        for key in list(self._pending_stores) if slot is None else [slot]:
+            pending = self._pending_stores.pop(key, None)
+            if pending is not None:
+                self.prefix_cache.store(
+                    key, pending.tokens, pending.tenant, publish=pending.publish, head=pending.head
+                )
+
+    def _release(self, state: _Active, keep_prefix: bool = True) -> None:
+        """Free the slot; its prompt's blocks are stored first unless the slot's KV is not to be
+        trusted (a failed step) or the cache is going away (shutdown)."""
+        if keep_prefix:
+            self._keep_prefixes(state.slot)
+        self._pending_stores.pop(state.slot, None)
         if self._active.pop(state.slot, None) is not None:
             self._free.append(state.slot)
             self._positions[state.slot] = 0
@@ -576,4 +608,4 @@ class Engine:
             state.request.sink.fail(code, message)
             self.stats.count_finish("error")
             self.observer.on_finish(state.tier, "error", len(state.output))
-            self._release(state)
+            self._release(state, keep_prefix=False)

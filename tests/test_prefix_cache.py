@@ -64,6 +64,28 @@ def test_reused_prefix_gives_the_same_tokens_as_a_full_prefill(model):  # noqa: 
     assert engine.stats.prefix_reused_tokens == 48
 
 
+def test_a_prompt_is_kept_during_the_next_decode_step_not_before_its_first_token_leaves(model):  # noqa: F811
+    """The store waits for the next decode launch (a GPU then hides its host work), its slot's release,
+    or the next lookup; a request admitted in the same step as an earlier one sharing its prefix still
+    reuses it, and one that ends at its first token still leaves it."""
+    engine = make_engine(model, capacity=32)
+    first, second = RecordingSink(), RecordingSink()
+    engine.submit(request(PREFIX + [5], first, rid="a", max_tokens=4, tenant="burst"))
+    engine.submit(request(PREFIX + [6], second, rid="b", max_tokens=4, tenant="burst"))
+    engine._admit()  # both start in one step: the second's lookup stores the first's prompt first
+    assert engine.stats.prefix_reused_tokens == 48 and len(first.tokens) == len(second.tokens) == 1
+    assert list(engine._pending_stores) == [1], "the second prompt waits for the decode step"
+    engine._decode()
+    assert not engine._pending_stores
+    run_until_idle(engine)
+    single = RecordingSink()
+    engine.submit(request([1] + list(range(100, 140)), single, rid="c", max_tokens=1, tenant="one"))
+    run_until_idle(engine)
+    assert len(single.tokens) == 1 and not engine._pending_stores
+    run(engine, [1] + list(range(100, 140)) + [7], tenant="one")
+    assert engine.stats.prefix_reused_tokens == 48 + 32, "a request done at its first token kept its prompt"
+
+
 def test_tenants_never_share_cached_prefixes(model):  # noqa: F811
     engine = make_engine(model)
     run(engine, PREFIX + [9], tenant="acme")
