@@ -5,13 +5,17 @@ Eviction is an LRU-K + LFU hybrid: the victim is the block whose K-th most recen
 back (blocks used fewer than K times go first, since one-off prompts should not push out prefixes
 that keep coming back), ties broken by lower use count, then by older last use. Pinned blocks
 (warmed prefixes) are never evicted.
+
+Blocks used fewer than K times (at 0% hits, every demoted block: one use each) are kept in
+insertion-ordered tables per use count, oldest first, which is their eviction order; only blocks with K
+uses go on the heap. A demotion then costs dict operations, not heap pushes and pops of stale entries.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 
 import torch
 
@@ -32,6 +36,8 @@ class HostBlockPool:
         self._heap: list[tuple[int, int, int, bytes]] = []  # lazy: entries whose rank changed are skipped
         self.free = list(range(capacity - 1, -1, -1))
         self._tick = itertools.count()
+        # uses -> keys with that many uses (< k), oldest last use first; pinned keys are left out
+        self._young: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(k)]
         self.evictions = 0
         self.hits = 0
         self._page_locked = pin and self.pool.is_pinned()  # pinned memory: device copies are async
@@ -111,6 +117,8 @@ class HostBlockPool:
             self.uses[key] = 0
         if pin:
             self.pinned.add(key)
+            if self.uses[key] < self.k:
+                self._young[self.uses[key]].pop(key, None)
         self._touch(key)
         return self.index[key]
 
@@ -126,6 +134,10 @@ class HostBlockPool:
     def victim(self, keep: frozenset[bytes] = frozenset()) -> bytes | None:
         """The key eviction would take now (never one in `keep`), in O(log n) amortized (a scan per
         eviction made every promotion of a long chain quadratic: 100+ ms per request with a full pool)."""
+        for young in self._young[1:]:  # fewer than K uses: fewer uses first, then the oldest
+            for key in young:
+                if key not in keep:
+                    return key
         kept = []
         try:
             while self._heap:
@@ -144,10 +156,16 @@ class HostBlockPool:
     def _touch(self, key: bytes) -> None:
         history = self.history[key]
         history.append(next(self._tick))
-        self.uses[key] += 1
+        uses = self.uses[key] = self.uses[key] + 1
         kth = history[0] if len(history) == self.k else -1  # fewer than K uses: infinitely old
-        rank = (kth, self.uses[key], history[-1])
+        rank = (kth, uses, history[-1])
         self.ranks[key] = rank
+        if uses - 1 < self.k:
+            self._young[uses - 1].pop(key, None)
+        if uses < self.k:
+            if key not in self.pinned:
+                self._young[uses][key] = None
+            return
         heapq.heappush(self._heap, (*rank, key))
         if len(self._heap) > 4 * len(self.ranks) + 64:  # stale entries only leave from the top: rebuild
             self._heap = [(*rank, key) for key, rank in self.ranks.items()]
@@ -158,5 +176,7 @@ class HostBlockPool:
         if key is None:
             return None
         self.evictions += 1
+        if self.uses[key] < self.k:
+            del self._young[self.uses[key]][key]
         del self.history[key], self.uses[key], self.ranks[key]
         return self.index.pop(key)

@@ -113,3 +113,24 @@ def test_victims_skip_kept_keys_without_losing_them():
     assert pool.victim() == b"a", "a kept key stays a candidate afterwards"
     assert not pool.put(b"d", block(1), keep=frozenset({b"a", b"b", b"c"}))
     assert b"d" not in pool and all(key in pool for key in (b"a", b"b", b"c"))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_the_victim_is_always_the_lowest_rank_under_random_traffic(k):
+    """Blocks with fewer than K uses live in per-use-count tables, the rest on the heap: whatever the
+    traffic, the victim is the unpinned, unkept key of lowest (K-th last use, uses, last use)."""
+    import random
+
+    rng = random.Random(k)
+    pool = HostBlockPool(8, (2, 3), torch.float32, pin=False, k=k)
+    keys = [b"k%d" % i for i in range(14)]
+    for _ in range(600):
+        key = rng.choice(keys)
+        if key in pool and rng.random() < 0.5:
+            pool.get(key)
+        else:
+            pool.put(key, block(0), pin=rng.random() < 0.03)
+        keep = frozenset(rng.sample(sorted(pool.index), min(2, len(pool.index))))
+        candidates = [key for key in pool.index if key not in pool.pinned and key not in keep]
+        expected = min(candidates, key=lambda key: pool.ranks[key], default=None)
+        assert pool.victim(keep) == expected
