@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from client.generate import GenerationError, GenerationResult, generate
 from client.prime import PrimeConfig, prime, prime_once
+from scheduler.messages import CACHE_MODES
 from client.rewarm import rewarm
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tier", help="slo_tier, e.g. critical | warmup | standard | batch")
     gen.add_argument("--tenant", help="tenant id")
     gen.add_argument(
-        "--cache", choices=("use", "bypass", "kv-only"),
+        "--cache", choices=CACHE_MODES,
         help="use (default): every cache; kv-only: reuse and keep KV prefixes but no response cache, so "
              "the answer is always generated afresh; bypass: read and write no cache tier",
     )  # fmt: skip

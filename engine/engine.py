@@ -598,7 +598,8 @@ class Engine:
         trusted (a failed step) or the cache is going away (shutdown)."""
         if keep_prefix:
             self._keep_prefixes(state.slot)
-        self._pending_stores.pop(state.slot, None)
+        else:
+            self._pending_stores.pop(state.slot, None)
         if self._active.pop(state.slot, None) is not None:
             self._free.append(state.slot)
             self._positions[state.slot] = 0

@@ -117,8 +117,7 @@ class HostBlockPool:
             self.uses[key] = 0
         if pin:
             self.pinned.add(key)
-            if self.uses[key] < self.k:
-                self._young[self.uses[key]].pop(key, None)
+            self._leave_young(key)
         self._touch(key)
         return self.index[key]
 
@@ -156,12 +155,11 @@ class HostBlockPool:
     def _touch(self, key: bytes) -> None:
         history = self.history[key]
         history.append(next(self._tick))
+        self._leave_young(key)
         uses = self.uses[key] = self.uses[key] + 1
         kth = history[0] if len(history) == self.k else -1  # fewer than K uses: infinitely old
         rank = (kth, uses, history[-1])
         self.ranks[key] = rank
-        if uses - 1 < self.k:
-            self._young[uses - 1].pop(key, None)
         if uses < self.k:
             if key not in self.pinned:
                 self._young[uses][key] = None
@@ -171,12 +169,16 @@ class HostBlockPool:
             self._heap = [(*rank, key) for key, rank in self.ranks.items()]
             heapq.heapify(self._heap)
 
+    def _leave_young(self, key: bytes) -> None:
+        """Take `key` out of the table of its use count, if it is in one (fewer than K uses, unpinned)."""
+        if self.uses[key] < self.k:
+            self._young[self.uses[key]].pop(key, None)
+
     def _evict(self, keep: frozenset[bytes]) -> int | None:
         key = self.victim(keep)
         if key is None:
             return None
         self.evictions += 1
-        if self.uses[key] < self.k:
-            del self._young[self.uses[key]][key]
+        self._leave_young(key)
         del self.history[key], self.uses[key], self.ranks[key]
         return self.index.pop(key)

@@ -88,7 +88,6 @@ class PrefixTokenizer:
         verify_first: int = 16,
         verify_every: int = 64,
     ):
-        self.tokenizer = tokenizer
         self.fast = ids_encoder(tokenizer)
         self.plain = ids_encoder(tokenizer, add_special_tokens=False)  # the rest after a cached prefix
         self.plain_batch = batch_encoder(tokenizer, add_special_tokens=False)
