@@ -112,7 +112,7 @@ class PrefixCache:
         self.savings = ReuseLedger()
         self._own_cost = cost or LoadCostModel()
         self._pending: list[tuple[str, int, float]] = []  # (tier, blocks, fetch seconds) of the last lookup
-        self._reused: list[bytes] = []  # the last lookup's chain, for L3 (see `_publish_reused`)
+        self._reused: list[bytes] = []  # chains reused since the last store, for L3 (`_publish_reused`)
         self.publish_on_first_use = False  # L3 write policy: every new block, or (default) on reuse
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # blocks stored once, for "on reuse"
         self._seen_limit = max(4096, 8 * capacity_blocks)
@@ -195,7 +195,7 @@ class PrefixCache:
             self._protected = set()
         for key in reversed(found):  # the head ends most recent: tails are evicted first
             self.index.move_to_end(key)
-        self._reused = found  # written to L3 by the next store, after this request's first token
+        self._reused += found  # written to L3 by the next store, after this request's first token
         return [self.index[key] for key in found]
 
     def load(self, slot: int, indices: list[int]) -> int:
@@ -279,11 +279,12 @@ class PrefixCache:
         return seen
 
     def _publish_reused(self) -> None:
-        """Blocks the last lookup reused are worth sharing with other replicas: write those Redis lacks
-        (and L1 still holds). Done by the store after the first token, not in the lookup: the host copy,
-        and the writer thread's encoding and checksums beside it, made a first hit's prefill 1.7x slower
-        on the CPU (59 vs 35 ms at 2000 tokens)."""
-        keys, self._reused = [key for key in self._reused if key in self.index], []
+        """Blocks reused since the last store are worth sharing with other replicas: write those Redis
+        lacks (and L1 still holds); a resumed request's lookup is followed by no store of its own. Done
+        by the store after the first token, not in the lookup: the host copy, and the writer thread's
+        encoding and checksums beside it, made a first hit's prefill 1.7x slower on the CPU (59 vs 35
+        ms at 2000 tokens)."""
+        keys, self._reused = [key for key in dict.fromkeys(self._reused) if key in self.index], []
         fresh = self.l3.unknown(keys) if self.l3 is not None else []
         if fresh:
             indices = self._rows([self.index[keys[i]] for i in fresh])

@@ -190,6 +190,22 @@ def test_by_default_blocks_reach_redis_on_reuse_or_from_warmup_traffic_only(mode
     )
 
 
+def test_every_chain_reused_since_the_last_store_is_published_once(model, redis_server, request):  # noqa: F811
+    """A resumed request looks its prefix up but stores nothing of its own: its reuse is published by the
+    next store, with any other lookup's in between, each block once."""
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace, first_use=False)
+    writes = captured_writes(first)
+    other = [1] + list(range(150, 182)) + [3]  # two full blocks
+    serve(first, PROMPT + [5])
+    serve(first, other)
+    assert writes == []
+    for prompt in (PROMPT + [6], other, PROMPT + [7]):  # lookups with no store between them
+        assert first.prefix_cache.lookup(prompt, "default")
+    serve(first, [1, 2, 3])  # the next store
+    assert sorted(len(keys) for keys, _ in writes) == [5]
+
+
 def test_a_block_published_on_reuse_serves_another_replica(model, redis_server, request):  # noqa: F811
     namespace = f"kv-test:{request.node.name}"
     first = replica(model, redis_server, namespace, first_use=False)
