@@ -8,6 +8,9 @@ SHA-256 chain of engine/prefix_cache.py (already salted with model fingerprint a
 Redis is an optimisation, never a dependency: every call has a short socket timeout, no retries,
 and goes through a circuit breaker, and every Redis error becomes a miss (None / False / 0) that is
 counted. A damaged or foreign value is deleted, so it costs one failed load, not one per request.
+
+Writes are announced on the namespace's channel; with a `KeyDirectory` (cache/key_directory.py), a
+probe of blocks no replica has written is answered without a round trip.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from cache.circuit_breaker import CircuitBreaker
+from cache.key_directory import KeyDirectory, announce_channel
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 
 T = TypeVar("T")
@@ -51,6 +55,7 @@ class KVStoreStats:
     bytes_stored: int = 0
     probes: int = 0  # exists_each calls that reached Redis: one round trip each
     probe_seconds: float = 0.0
+    local_probes: int = 0  # exists_each calls the key directory answered without a round trip
 
 
 def leading_run(present: Sequence[bool]) -> int:
@@ -79,6 +84,7 @@ class RedisKVStore:
         timeout_s: float = 0.05,
         breaker: CircuitBreaker | None = None,
         compress: bool = False,
+        directory: KeyDirectory | None = None,
     ):
         try:
             import redis
@@ -89,6 +95,7 @@ class RedisKVStore:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         self.namespace = namespace
+        self.directory = directory
         self.ttl_s = int(ttl_s)
         self.compress = compress
         self.breaker = breaker if breaker is not None else CircuitBreaker()
@@ -134,11 +141,14 @@ class RedisKVStore:
             pipe = self.client.pipeline(transaction=False)
             for name, value in zip(names, values):
                 pipe.set(name, value, ex=self.ttl_s)
-            return pipe.execute()
+            KeyDirectory.announce(pipe, announce_channel(self.namespace), names)
+            return pipe.execute()[: len(names)]
 
         replies = self._call(op)
         if isinstance(replies, _Unavailable):
             return 0
+        if self.directory is not None:
+            self.directory.add(name for name, r in zip(names, replies) if r)
         stored = sum(1 for r in replies if r)
         with self._lock:
             self._stats.stores += stored
@@ -168,6 +178,8 @@ class RedisKVStore:
         for name, value in zip(names, values):
             if value is None:
                 missed = True
+                if self.directory is not None:
+                    self.directory.discard(name)
                 break
             try:
                 blocks.append(decode_block(value, meta, device=device))
@@ -193,16 +205,31 @@ class RedisKVStore:
 
     def discard(self, name: str, value: bytes) -> bool:
         """Delete the value at Redis key `name` if it still equals `value`; True when deleted."""
+        if self.directory is not None:
+            self.directory.discard(name)
         return self._call(lambda: self._delete_if_unchanged(keys=[name], args=[value])) == 1
 
     def exists_chain(self, keys: Sequence[bytes]) -> int:
         """How many leading blocks of `keys` are stored (without loading them); 0 on Redis trouble."""
         return leading_run(self.exists_each(keys) or [])
 
+    def known_each(self, keys: Sequence[bytes]) -> list[bool] | None:
+        """Whether each of `keys` is stored, from the key directory alone; None when it cannot tell."""
+        if self.directory is None:
+            return None
+        found = self.directory.contains_each([self.redis_key(k) for k in keys])
+        if found is not None:
+            with self._lock:
+                self._stats.local_probes += 1
+        return found
+
     def exists_each(self, keys: Sequence[bytes]) -> list[bool] | None:
-        """Whether each of `keys` is stored, in one round trip; None on Redis trouble."""
+        """Whether each of `keys` is stored, from the key directory or in one round trip; None on Redis
+        trouble."""
         if not keys:
             return []
+        if (known := self.known_each(keys)) is not None:
+            return known
         names = [self.redis_key(k) for k in keys]
         started = time.perf_counter()
         found = self._call(lambda: self._exists_each(keys=names))
@@ -214,6 +241,8 @@ class RedisKVStore:
         return [bool(n) for n in found]
 
     def close(self) -> None:
+        if self.directory is not None:
+            self.directory.close()
         try:
             self.client.close()
         except self._redis_errors:

@@ -14,6 +14,9 @@ check (bit rot, truncation, a value copied under another tenant's key) is delete
 
 Redis trouble never reaches the caller: short socket timeouts, no retries, and a circuit breaker that
 skips Redis for a while after consecutive failures, so a dead Redis costs a request nothing.
+
+Every SET is announced on the namespace's channel (cache/key_directory.py); with a `KeyDirectory`, a
+key no replica has written is a miss without a round trip, so uncached requests pay no GET.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cache.circuit_breaker import CircuitBreaker
+from cache.key_directory import KeyDirectory, announce_channel
 from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 1
@@ -39,6 +43,7 @@ class ExactCacheStats:
     hits: int = 0
     misses: int = 0
     errors: int = 0  # Redis unreachable, slow or failing, or skipped while the breaker is open
+    local_misses: int = 0  # misses the key directory answered without asking Redis
     corrupt: int = 0  # values that failed version/checksum validation (deleted)
     uncacheable: int = 0  # get/put calls for non-deterministic requests
     stores: int = 0
@@ -142,8 +147,10 @@ class ExactResponseCache(RedisCacheBase):
         timeout_s: float = 0.05,
         max_text_bytes: int = 1 << 20,
         breaker: CircuitBreaker | None = None,
+        directory: KeyDirectory | None = None,
     ):
         super().__init__(redis_url, timeout_s, breaker, ExactCacheStats())
+        self.directory = directory
         self.fingerprint = fingerprint
         self.ttl_s = int(ttl_s)
         self.max_text_bytes = max_text_bytes
@@ -190,10 +197,14 @@ class ExactResponseCache(RedisCacheBase):
         if not self.cacheable(params):
             self._count("uncacheable")
             return None
+        key = self.key(prompt_ids, params)
+        if self.directory is not None and self.directory.contains(key) is False:
+            self._count("misses")
+            self._count("local_misses")
+            return None
         if not self.breaker.allow():
             self._count("errors")
             return None
-        key = self.key(prompt_ids, params)
         try:
             raw = self.client.get(key)
         except self._redis_errors:
@@ -201,10 +212,12 @@ class ExactResponseCache(RedisCacheBase):
             return None
         self.breaker.record_success()
         if raw is None:
+            self._forget(key)
             self._count("misses")
             return None
         text = self.decode_value(key, raw)
         if text is None:
+            self._forget(key)
             self._count("corrupt")
             self._count("misses")
             self._delete_quietly(key)
@@ -224,15 +237,29 @@ class ExactResponseCache(RedisCacheBase):
             return False
         key = self.key(prompt_ids, params)
         try:
-            self.client.set(key, self.encode_value(key, value_text), ex=self.ttl_s)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(key, self.encode_value(key, value_text), ex=self.ttl_s)
+            KeyDirectory.announce(pipe, announce_channel(KEY_PREFIX), [key])
+            pipe.execute()
         except self._redis_errors:
             self._fail()
             return False
         self.breaker.record_success()
+        if self.directory is not None:
+            self.directory.add([key])
         self._count("stores")
         return True
 
     # -- internals -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.directory is not None:
+            self.directory.close()
+        super().close()
+
+    def _forget(self, key: str) -> None:
+        if self.directory is not None:
+            self.directory.discard(key)
 
     def _delete_quietly(self, key: str) -> None:
         try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
+
+from cache.key_directory import KeyDirectory, KeyDirectoryStats
 
 from engine.prefix_cache import PrefixCache
 from engine.response_tier import ResponseTier
@@ -14,8 +16,17 @@ REUSE_COUNTERS = ("tokens_loaded", "seconds_saved", "seconds_lost_slow_load", "s
 # when that probe was not usable), probe_seconds their time
 L3_COUNTERS = (
     "hits", "misses", "checksum_failures", "incompatible", "errors", "bytes_loaded", "load_seconds",
-    "probes", "probe_seconds",
+    "probes", "probe_seconds", "local_probes",
 )  # fmt: skip
+# the key directories' cumulative counters (cache/key_directory.py), as "directory_<name>"
+DIRECTORY_COUNTERS = tuple(f.name for f in fields(KeyDirectoryStats))
+
+
+def directory_counters(tier: str, directory: KeyDirectory | None) -> dict[tuple[str, str], float]:
+    if directory is None:
+        return {}
+    counts = directory.snapshot()
+    return {(tier, f"directory_{name}"): counts[name] for name in DIRECTORY_COUNTERS}
 
 
 def cache_counters(
@@ -45,11 +56,13 @@ def cache_counters(
             for name in L3_COUNTERS:
                 out[("l3", name)] = stats[name]
             out[("l3", "probe_wait_seconds")] = prefix.l3.probe_wait_seconds  # the probe's part in lookup
+            out.update(directory_counters("l3", prefix.l3.store.directory))
             for decision, count in prefix.l3.cost.decisions.items():
                 out[("l3", f"decision_{decision}")] = count
     if responses is not None:
         for name, value in responses.cache.snapshot().items():
             out[("exact", name)] = value
+        out.update(directory_counters("exact", responses.cache.directory))
         if responses.semantic is not None:
             for name, value in responses.semantic.snapshot().items():
                 out[("semantic", name)] = value

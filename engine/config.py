@@ -76,6 +76,7 @@ class EngineConfig:
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""
+    redis_key_directory: bool = True  # know locally which keys Redis holds: a miss costs no round trip
     traffic_flush_s: float = 5.0
     plan_min_samples: int = 50
     plan_kv_from_traffic: bool = True

@@ -71,7 +71,12 @@ class L3Tier:
 
     def probe(self, keys: list[bytes]) -> Future[list[bool] | None]:
         """Ask Redis which of `keys` it holds, on the probe thread: started when a request arrives, the
-        round trip overlaps its queueing and the engine's other work instead of sitting in its prefill."""
+        round trip overlaps its queueing and the engine's other work instead of sitting in its prefill.
+        When the store's key directory can tell, the answer is ready at once, without a thread hop."""
+        if (known := self.store.known_each(keys)) is not None:
+            answered: Future[list[bool] | None] = Future()
+            answered.set_result(known)
+            return answered
         return self._probes.submit(self.store.exists_each, keys)
 
     def wait_probe(self, probe: Future[list[bool] | None]) -> list[bool] | None:
@@ -150,3 +155,4 @@ class L3Tier:
     def close(self) -> None:
         self._probes.shutdown(wait=False, cancel_futures=True)
         self._writes.close()
+        self.store.close()

@@ -23,6 +23,8 @@ from engine.engine import Engine
 from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
 from cache.kv_format import KVBlockMeta, dtype_name
+from cache.key_directory import KeyDirectory
+from cache.response_cache import KEY_PREFIX as EXACT_KEY_PREFIX
 from cache.response_cache import ExactResponseCache
 from engine.kv_tiers import LAYOUT, L3Tier
 from engine.l2_pool import HostBlockPool
@@ -104,6 +106,13 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
     return TrafficPlan(buckets, histogram, kv, store, failures)
 
 
+def key_directory(config: EngineConfig, namespace: str, log) -> KeyDirectory | None:
+    """The local view of which keys of `namespace` Redis holds, following writers' announcements."""
+    if not config.redis_key_directory:
+        return None
+    return KeyDirectory(config.redis_url, namespace, log=log).start()
+
+
 def build_l3(
     config: EngineConfig, model_name: str, fingerprint: str, runner: ModelRunner, log
 ) -> L3Tier | None:
@@ -124,8 +133,13 @@ def build_l3(
         token_count=config.prefix_block_size,
         layout=LAYOUT,
     )
+    namespace = f"llm:kv:v1:{model_name}"
     store = RedisKVStore(
-        config.redis_url, f"llm:kv:v1:{model_name}", ttl_s=config.l3_ttl_s, breaker=CircuitBreaker()
+        config.redis_url,
+        namespace,
+        ttl_s=config.l3_ttl_s,
+        breaker=CircuitBreaker(),
+        directory=key_directory(config, namespace, log),
     )
     return L3Tier(store, meta, ttl_s=config.l3_ttl_s)
 
@@ -137,7 +151,9 @@ def build_response_tier(
     if not (config.response_cache and config.redis_url):
         return None
     try:
-        cache = ExactResponseCache(config.redis_url, fingerprint)
+        cache = ExactResponseCache(
+            config.redis_url, fingerprint, directory=key_directory(config, EXACT_KEY_PREFIX, log)
+        )
     except ImportError as exc:
         log(f"response cache off: {exc}")
         return None

@@ -58,6 +58,9 @@ class ResponseTier:
 
     def close(self) -> None:
         self._writes.close()
+        self.cache.close()
+        if self.semantic is not None:
+            self.semantic.close()
 
     def _write(self, item: tuple[list[int], EngineRequestParams, list[int], int]) -> None:
         prompt_ids, params, output, trim = item

@@ -285,6 +285,9 @@ def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
 
     assert wait_for(exported, timeout_s=60, interval_s=0.2)
     assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="stores") >= 1
+    # the first request's miss was answered by the key directory, without a GET
+    assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="local_misses") >= 1
+    assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="directory_scans") >= 1
 
     # sampled without a seed, so the response caches stay out of it: the second request is a prefix hit
     shared = "Prefix savings probe: a long shared system prompt that spans several KV blocks. " * 3

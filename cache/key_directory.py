@@ -1,0 +1,195 @@
+"""Which keys of one Redis namespace exist, known locally, so a miss costs no round trip.
+
+At 0% hits every lookup in Redis (the exact response cache's GET, the L3 probe of a prompt's block
+chain) is a round trip that finds nothing and sits on a request's path. Writers announce each key
+they SET on a pub/sub channel in the same pipeline; this directory subscribes to it, lists the
+namespace with SCAN after every (re)subscription, and so answers "is it there?" from a local set.
+
+The answer is one-sided, which is what keeps it safe:
+- "absent" is trusted only while the directory is synced (subscribed, scan done, under its size cap).
+  Otherwise `contains` answers None and the caller asks Redis, as it would without a directory.
+- "present" may be stale (a TTL expired, a value was deleted as corrupt, Redis was flushed): the
+  caller's GET then finds nothing and `discard`s it. A periodic rescan also drops expired keys.
+
+A missed announcement (pub/sub is at most once) can only cost a hit, never return a wrong value; every
+disconnect marks the directory unsynced until a fresh subscription and scan, and the periodic rescan
+bounds how long a lost message can hide a key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ANNOUNCE_SEPARATOR = "\n"
+
+
+def announce_channel(namespace: str) -> str:
+    """The channel on which writers of `namespace` announce new keys."""
+    return f"{namespace}:announce"
+
+
+@dataclass
+class KeyDirectoryStats:
+    answered: int = 0  # lookups answered locally "absent" (a Redis round trip saved)
+    deferred: int = 0  # lookups passed to Redis because the directory was not synced
+    stale: int = 0  # keys the directory held that Redis no longer did (discarded)
+    scans: int = 0  # completed scans (initial, after a reconnect, periodic)
+    disconnects: int = 0
+    overflows: int = 0  # scans or announcements that pushed the directory past its cap
+
+
+class KeyDirectory:
+    """A local set of the keys under ``{namespace}:`` in Redis, kept current by a background thread."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        namespace: str,
+        max_keys: int = 1_000_000,
+        rescan_s: float = 600.0,
+        timeout_s: float = 2.0,
+        log: Callable[[str], None] | None = None,
+    ):
+        import redis
+
+        self.namespace = namespace
+        self.channel = announce_channel(namespace)
+        self.max_keys = max_keys
+        self.rescan_s = rescan_s
+        self._log = log or (lambda message: None)
+        # Its own connections, with room for a SCAN page: the serving clients' timeouts are
+        # milliseconds. Health checks PING the subscription, so a silent dead peer is noticed too.
+        self._client = redis.Redis.from_url(
+            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=5
+        )
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._keys: set[str] = set()
+        self._synced = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # stats only: set operations are atomic under the GIL
+        self.stats = KeyDirectoryStats()
+        self._thread = threading.Thread(target=self._run, name=f"key-directory-{namespace}", daemon=True)
+
+    def start(self) -> KeyDirectory:
+        self._thread.start()
+        return self
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def contains(self, name: str) -> bool | None:
+        """True or False from the local set, None when only Redis can tell (not synced)."""
+        found = self.contains_each([name])
+        return None if found is None else found[0]
+
+    def contains_each(self, names: Sequence[str]) -> list[bool] | None:
+        """Whether each name is present, or None when only Redis can tell."""
+        if not self._synced:
+            self._count("deferred")
+            return None
+        keys = self._keys
+        found = [name in keys for name in names]
+        if not all(found):
+            self._count("answered")
+        return found
+
+    def add(self, names: Iterable[str]) -> None:
+        """Keys this process just wrote: known at once, before their announcement comes back."""
+        self._keys.update(names)
+
+    def discard(self, name: str) -> None:
+        """A key Redis turned out not to hold (expired, deleted as corrupt)."""
+        if name in self._keys:
+            self._keys.discard(name)
+            self._count("stale")
+
+    @staticmethod
+    def announce(pipe: Any, channel: str, names: Sequence[str]) -> None:
+        """Queue the announcement of `names` on a writer's pipeline, behind the SETs it announces."""
+        if names:
+            pipe.publish(channel, ANNOUNCE_SEPARATOR.join(names))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._synced = False
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        try:
+            self._client.close()
+        except self._errors:
+            pass
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            counts = dict(vars(self.stats))
+        return {**counts, "keys": len(self._keys), "synced": int(self._synced)}
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                self._follow()
+                backoff = 0.2
+            except self._errors as exc:
+                self._synced = False
+                self._count("disconnects")
+                self._log(f"key directory {self.namespace}: {type(exc).__name__}: {exc}; unsynced")
+                self._stop.wait(backoff)
+                backoff = min(10.0, backoff * 2)
+
+    def _follow(self) -> None:
+        """Subscribe, then scan (announcements during the scan wait in the socket), then apply them."""
+        pubsub = self._client.pubsub()
+        try:
+            pubsub.subscribe(self.channel)
+            confirm_by = time.monotonic() + 5.0
+            while (message := pubsub.get_message(timeout=0.5)) is None or message["type"] != "subscribe":
+                if time.monotonic() > confirm_by:
+                    raise TimeoutError(f"no confirmation of the subscription to {self.channel}")
+            self._rescan()
+            rescan_at = time.monotonic() + self.rescan_s
+            while not self._stop.is_set():
+                message = pubsub.get_message(timeout=0.5)
+                if message is not None and message.get("type") == "message":
+                    self._apply(message["data"])
+                if time.monotonic() >= rescan_at:
+                    self._rescan()
+                    rescan_at = time.monotonic() + self.rescan_s
+        finally:
+            self._synced = False
+            pubsub.close()
+
+    def _apply(self, data: bytes) -> None:
+        self._keys.update(data.decode("utf-8", errors="replace").split(ANNOUNCE_SEPARATOR))
+        if len(self._keys) > self.max_keys and self._synced:
+            self._overflow()
+
+    def _rescan(self) -> None:
+        fresh: set[str] = set()
+        for name in self._client.scan_iter(match=f"{self.namespace}:*", count=1000):
+            fresh.add(name.decode("utf-8", errors="replace"))
+            if len(fresh) > self.max_keys:
+                self._overflow()
+                return
+        self._keys = fresh
+        self._synced = True
+        self._count("scans")
+
+    def _overflow(self) -> None:
+        """Too many keys to mirror: stop answering (Redis is asked) until a rescan finds fewer."""
+        self._synced = False
+        self._keys = set()
+        self._count("overflows")
+        self._log(f"key directory {self.namespace}: over {self.max_keys} keys; asking Redis instead")

@@ -1,0 +1,191 @@
+"""The key directory against real redis-servers: scan, announcements, stale keys, restarts, its cap,
+and the round trips it saves the exact response cache and the L3 store."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import pytest
+import redis
+import torch
+
+from cache.kv_format import KVBlockMeta
+from cache.key_directory import KeyDirectory, announce_channel
+from cache.redis_kv_store import RedisKVStore
+from cache.response_cache import KEY_PREFIX, ExactResponseCache
+from deploy.launch import find_free_port, start_redis_server
+from engine.kv_tiers import LAYOUT, L3Tier
+from scheduler.messages import EngineRequestParams
+from tests.conftest import wait_for
+
+GREEDY = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="tenant-a")
+META = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
+
+
+@pytest.fixture
+def raw(redis_server):
+    client = redis.Redis.from_url(redis_server)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"test:dir:{uuid.uuid4().hex[:8]}"
+
+
+def started(url: str, namespace: str, **options) -> KeyDirectory:
+    directory = KeyDirectory(url, namespace, **options).start()
+    assert wait_for(lambda: directory.synced, 10), "the directory never synced"
+    return directory
+
+
+def gets(raw: redis.Redis) -> int:
+    return raw.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+
+
+def test_the_scan_finds_what_redis_already_holds_in_its_namespace_only(redis_server, raw, namespace):
+    raw.set(f"{namespace}:one", b"x")
+    raw.set(f"{namespace}:two", b"x")
+    raw.set(f"{namespace}-other:one", b"x")
+    directory = started(redis_server, namespace)
+    try:
+        assert directory.contains_each([f"{namespace}:one", f"{namespace}:two", f"{namespace}:three"]) == [
+            True,
+            True,
+            False,
+        ]
+        assert directory.contains(f"{namespace}-other:one") is False
+        assert len(directory) == 2 and directory.stats.scans == 1
+    finally:
+        directory.close()
+
+
+def test_an_unsynced_directory_defers_to_redis():
+    directory = KeyDirectory(f"redis://127.0.0.1:{find_free_port()}/0", "test:dir:dead")
+    assert directory.contains("test:dir:dead:k") is None, "never started: only Redis can tell"
+    directory.start()
+    try:
+        assert wait_for(lambda: directory.stats.disconnects >= 1, 10)
+        assert directory.contains("test:dir:dead:k") is None and not directory.synced
+    finally:
+        directory.close()
+
+
+def test_another_writers_announcement_arrives_and_a_miss_sends_no_get(redis_server, raw):
+    """Replica B follows replica A's writes: B's misses cost no GET, A's answer is a hit for B."""
+    writer = ExactResponseCache(redis_server, "fp-dir")
+    reader = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, KEY_PREFIX))
+    prompt = [int(x) for x in uuid.uuid4().bytes]
+    try:
+        before = gets(raw)
+        assert reader.get(prompt, GREEDY) is None
+        assert gets(raw) == before, "a key no one wrote is a local miss"
+        assert reader.stats.local_misses == 1 and reader.stats.misses == 1
+        assert writer.put(prompt, GREEDY, "the answer")
+        key = writer.key(prompt, GREEDY)
+        assert wait_for(lambda: reader.directory.contains(key), 10), "the announcement never arrived"
+        assert reader.get(prompt, GREEDY) == "the answer"
+        other_tenant = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="tenant-b")
+        assert reader.get(prompt, other_tenant) is None, "another tenant's key is not announced"
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_stale_key_costs_one_get_then_is_forgotten(redis_server, raw):
+    cache = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, KEY_PREFIX))
+    prompt = [int(x) for x in uuid.uuid4().bytes]
+    try:
+        assert cache.put(prompt, GREEDY, "soon gone")
+        key = cache.key(prompt, GREEDY)
+        assert cache.directory.contains(key), "a local write is known at once"
+        raw.delete(key)  # expired, or deleted by another replica as corrupt
+        before = gets(raw)
+        assert cache.get(prompt, GREEDY) is None and gets(raw) == before + 1
+        assert cache.directory.contains(key) is False and cache.directory.stats.stale == 1
+        assert cache.get(prompt, GREEDY) is None and gets(raw) == before + 1, "no second GET"
+    finally:
+        cache.close()
+
+
+def test_a_corrupt_value_is_forgotten_with_its_key(redis_server, raw):
+    cache = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, KEY_PREFIX))
+    prompt = [int(x) for x in uuid.uuid4().bytes]
+    try:
+        assert cache.put(prompt, GREEDY, "fine")
+        key = cache.key(prompt, GREEDY)
+        raw.set(key, b'{"v":1,"text":"tampered","sum":"0"}')
+        assert cache.get(prompt, GREEDY) is None and cache.stats.corrupt == 1
+        assert cache.directory.contains(key) is False and raw.get(key) is None
+    finally:
+        cache.close()
+
+
+def test_past_its_cap_the_directory_stops_answering(redis_server, raw, namespace):
+    for i in range(3):
+        raw.set(f"{namespace}:{i}", b"x")
+    directory = KeyDirectory(redis_server, namespace, max_keys=2).start()
+    try:
+        assert wait_for(lambda: directory.stats.overflows >= 1, 10)
+        assert not directory.synced and directory.contains(f"{namespace}:9") is None
+        assert len(directory) == 0, "an overflowed directory holds nothing"
+    finally:
+        directory.close()
+
+
+def test_announcements_past_the_cap_unsync_it(redis_server, raw, namespace):
+    directory = started(redis_server, namespace, max_keys=2)
+    try:
+        raw.publish(announce_channel(namespace), "\n".join(f"{namespace}:{i}" for i in range(3)))
+        assert wait_for(lambda: directory.stats.overflows == 1, 10)
+        assert directory.contains(f"{namespace}:0") is None
+    finally:
+        directory.close()
+
+
+def test_a_redis_restart_unsyncs_then_resyncs_with_what_the_new_redis_holds(tmp_path, namespace):
+    port = find_free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    proc, _ = start_redis_server("redis-server", tmp_path, port)
+    directory = None
+    try:
+        redis.Redis.from_url(url).set(f"{namespace}:before", b"x")
+        directory = started(url, namespace)
+        assert directory.contains(f"{namespace}:before")
+        proc.terminate()
+        proc.wait(timeout=10)
+        assert wait_for(lambda: not directory.synced, 20), "a dead Redis must unsync the directory"
+        assert directory.contains(f"{namespace}:before") is None
+        proc, _ = start_redis_server("redis-server", tmp_path, port)  # empty: no persistence
+        assert wait_for(lambda: directory.synced, 30), "it must resync by itself"
+        assert directory.contains(f"{namespace}:before") is False, "the new Redis does not hold it"
+        writer = RedisKVStore(url, namespace)
+        key = hashlib.sha256(b"after").digest()
+        assert writer.put(key, torch.zeros(1, 2, 1, 4, 2), META)
+        assert wait_for(lambda: directory.contains(writer.redis_key(key)), 10)
+        writer.close()
+    finally:
+        if directory is not None:
+            directory.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_the_l3_probe_is_answered_locally_without_a_round_trip(redis_server, namespace):
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, directory=started(redis_server, namespace))
+    l3 = L3Tier(store, META)
+    keys = [hashlib.sha256(f"{namespace}{i}".encode()).digest() for i in range(3)]
+    try:
+        assert store.put_chain(keys[:2], [torch.ones(1, 2, 1, 4, 2)] * 2, META) == 2
+        probe = l3.probe(keys)
+        assert probe.done(), "answered at once, without the probe thread"
+        assert l3.wait_probe(probe) == [True, True, False]
+        stats = store.stats
+        assert stats.local_probes == 1 and stats.probes == 0
+        blocks, outcome = l3.fetch_with_outcome(keys, None)
+        assert store.stats.probes == 0, "the prefill's own check is local too"
+        assert outcome in ("loaded", "recompute") and len(blocks) in (0, 2)
+    finally:
+        l3.close()
