@@ -14,7 +14,10 @@
     show what maintaining the caches costs: all of them (use vs bypass) and the KV prefix tiers alone
     (kv-only vs bypass; the exact response cache's Redis GET per greedy request is a separate
     feature); an A/A control (bypassed vs bypassed) gives the method's floor, and the server's own
-    timers of its prefix-cache work give the same cost without the machine's noise.
+    timers of its prefix-cache work give the same cost without the machine's noise. Measured twice on
+    that server: one request at a time (every microsecond of host work on the critical path), then
+    under load, `--throughput-concurrency` clients each keeping one request in flight (the batched
+    engine, as vLLM's "under 1% throughput cost at 0% hit rate" is measured).
 Writes bench/results/prefix-cache-<tag>.{json,md,png}.
 
     python -m bench.prefix_cache                       # CPU, tiny model
@@ -25,10 +28,14 @@ Writes bench/results/prefix-cache-<tag>.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import queue
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from bench.common import (
@@ -56,6 +63,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--throughput-requests", type=int, default=10, help="requests per turn")
     parser.add_argument("--throughput-rounds", type=int, default=40, help="rounds of one turn per arm")
     parser.add_argument("--control-rounds", type=int, default=10, help="A/A rounds, both halves bypassed")
+    parser.add_argument(
+        "--throughput-concurrency", type=int, default=8,
+        help="clients in flight for (b)'s second run, under load (0 or 1: no such run)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--throughput-concurrent-requests", type=int, default=None,
+        help="requests per turn of the run under load (default: 3 x the concurrency: 3 waves a turn)",
+    )  # fmt: skip
     parser.add_argument(
         "--throughput-only", action="store_true", help="run (b) only and print it; writes no results"
     )
@@ -168,11 +183,51 @@ def per_tier(args, model_dir: Path, prompts: PromptFactory, lengths: list[int]) 
     return rows
 
 
+THROUGHPUT_MAX_TOKENS = 16
+# requests/s of one turn that sends these prompts with this `cache` mode, each its own tenant: 0% hits
+Rate = Callable[[list[str], str | None], float]
+
+
 def requests_per_s(probe: TtftProbe, prompts_text: list[str], cache: str | None = None) -> float:
     started = time.perf_counter()
     for i, text in enumerate(prompts_text):  # own tenant: 0% hits
-        probe.ttft_ms(text, max_tokens=16, tenant=f"bench-t{i}-{started}", cache=cache)
+        probe.ttft_ms(text, max_tokens=THROUGHPUT_MAX_TOKENS, tenant=f"bench-t{i}-{started}", cache=cache)
     return len(prompts_text) / (time.perf_counter() - started)
+
+
+class ConcurrentSender:
+    """Closed-loop load: one thread per client, each sending its next prompt as soon as its last one
+    finished, so len(probes) requests stay in flight and the engine batches them. Each client has its
+    own gRPC stream (a tritonclient client holds one stream at a time), opened once for the run so that
+    no turn pays for client start-up."""
+
+    def __init__(self, probes: list[TtftProbe]):
+        self.probes = probes
+        self.pool = ThreadPoolExecutor(len(probes), thread_name_prefix="bench-load")
+
+    def requests_per_s(self, prompts_text: list[str], cache: str | None = None) -> float:
+        """Requests completed / the turn's wall time; each request its own tenant: 0% hits."""
+        todo: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+        for item in enumerate(prompts_text):
+            todo.put(item)
+        started = time.perf_counter()
+
+        def client(probe: TtftProbe) -> None:
+            while True:
+                try:
+                    i, text = todo.get_nowait()
+                except queue.Empty:
+                    return
+                probe.request(text, THROUGHPUT_MAX_TOKENS, tenant=f"bench-c{i}-{started}", cache=cache)
+
+        for future in [self.pool.submit(client, probe) for probe in self.probes]:
+            future.result()
+        return len(prompts_text) / (time.perf_counter() - started)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        for probe in self.probes:
+            probe.close()
 
 
 # (b)'s arms, by `cache` mode: every cache; the KV prefix tiers (L1/L2/L3) only; none (the baseline)
@@ -193,18 +248,35 @@ class ThroughputRun:
         return [(r[arm], r["bypass"]) for r in self.rounds]
 
 
-def interleaved(probe: TtftProbe, texts: list[str], modes: tuple[str, ...], rounds: int):
+def interleaved(rate: Rate, texts: list[str], modes: tuple[str, ...], rounds: int):
     """The rate of each of `modes` per round, in the order of `modes`; one turn each, the order rotating
     every round (with two modes, a flip) so that no mode always runs first or after the same one."""
     out = []
     for index in range(rounds):
         order = [(index + k) % len(modes) for k in range(len(modes))]
-        rates = {k: requests_per_s(probe, texts, modes[k]) for k in order}
+        rates = {k: rate(texts, modes[k]) for k in order}
         out.append(tuple(rates[k] for k in range(len(modes))))
     return out
 
 
-def throughput(args, model_dir: Path, prompts_text: list[str]) -> ThroughputRun:
+def measure(args, stack, probe: TtftProbe, rate: Rate, texts: list[str], label: str) -> ThroughputRun:
+    """Interleaved rounds of ARMS, the server's prefix-cache timers around them, then the A/A rounds."""
+    flush = texts[0][:40]
+    before = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
+    rates = interleaved(rate, texts, ARMS, args.throughput_rounds)
+    after = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
+    control = interleaved(rate, texts, ("bypass", "bypass"), args.control_rounds)
+    rounds = [dict(zip(ARMS, r)) for r in rates]
+    medians = ", ".join(f"{arm} {median([r[arm] for r in rounds]):.2f}/s" for arm in ARMS)
+    progress(f"(b) {label}, {len(rounds)} rounds: {medians} (medians)")
+    spent = {name: after[name] - before[name] for name in BOOKKEEPING}
+    tiered = len(rounds) * len(texts) * (len(ARMS) - 1) + 1  # use and kv-only, + a flush
+    return ThroughputRun(rounds, control, spent, tiered)
+
+
+def throughput(
+    args, model_dir: Path, prompts_text: list[str], concurrent_text: list[str]
+) -> tuple[ThroughputRun, ThroughputRun | None]:
     """Requests/s of each arm (ARMS) per round on ONE server, in short interleaved turns
     (`--throughput-requests` each, the order rotating every round): bypassed requests read and write no
     cache tier, so use vs bypass is the caches' whole cost per request and kv-only vs bypass the KV
@@ -213,22 +285,25 @@ def throughput(args, model_dir: Path, prompts_text: list[str]) -> ThroughputRun:
     showed 5.4% between them, more than the effect. A/A rounds here (both halves bypassed) show this
     method's floor. The server's own timers of the prefix cache's work (lookup, store, the L3 probe
     inside lookup), which use and kv-only requests both do, are read around the rounds: the same cost
-    free of the machine's noise."""
+    free of the machine's noise. Then the same rounds under load (`--throughput-concurrency` clients,
+    `concurrent_text` a turn) on the same server, a second start being a second source of bias; None
+    when the concurrency is 1 or less."""
+    concurrency = args.throughput_concurrency
     with start_stack(options(args, "throughput", model_dir, 256)) as stack:
         probe = TtftProbe(stack.grpc_url)
         try:
             requests_per_s(probe, prompts_text[:4])  # fill the pool's first blocks, warm the path
-            flush = prompts_text[0][:40]
-            before = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
-            rates = interleaved(probe, prompts_text, ARMS, args.throughput_rounds)
-            after = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
-            control = interleaved(probe, prompts_text, ("bypass", "bypass"), args.control_rounds)
-            rounds = [dict(zip(ARMS, r)) for r in rates]
-            medians = ", ".join(f"{arm} {median([r[arm] for r in rounds]):.2f}/s" for arm in ARMS)
-            progress(f"(b) {len(rounds)} rounds: {medians} (medians)")
-            spent = {name: after[name] - before[name] for name in BOOKKEEPING}
-            tiered = len(rounds) * len(prompts_text) * (len(ARMS) - 1) + 1  # use and kv-only, + a flush
-            return ThroughputRun(rounds, control, spent, tiered)
+            run = measure(args, stack, probe, partial(requests_per_s, probe), prompts_text, "one at a time")
+            if concurrency <= 1:
+                return run, None
+            progress(f"(b) under load: {concurrency} clients, {len(concurrent_text)} requests a turn")
+            sender = ConcurrentSender([TtftProbe(stack.grpc_url) for _ in range(concurrency)])
+            try:
+                sender.requests_per_s(concurrent_text[: 2 * concurrency])  # warm the batched path
+                label = f"at concurrency {concurrency}"
+                return run, measure(args, stack, probe, sender.requests_per_s, concurrent_text, label)
+            finally:
+                sender.close()
         finally:
             probe.close()
 
@@ -263,18 +338,32 @@ def cost_row(label: str, rounds: list[tuple[float, float]]) -> list[object]:
             f"{overall * 100:.2f}%"]  # fmt: skip
 
 
-def throughput_tables(run: ThroughputRun, texts: list[str]) -> tuple[str, str, dict[str, float]]:
-    """(b) as two tables: the interleaved rates, each arm against bypass (with the A/A control), and
-    the server's timers; and the median cost of each arm (COMPARISONS) against bypass."""
+def cost_table(run: ThroughputRun, suffix: str = "") -> tuple[str, dict[str, float]]:
+    """The interleaved rates, each arm against bypass (with the A/A control), `suffix` after each
+    comparison's label; and the median cost of each arm (COMPARISONS) against bypass."""
     losses = {arm: median([1 - a / b for a, b in run.pairs(arm)]) for _, arm in COMPARISONS}
-    rows = [cost_row(label, run.pairs(arm)) for label, arm in COMPARISONS]
+    rows = [cost_row(label + suffix, run.pairs(arm)) for label, arm in COMPARISONS]
     if run.control:
-        rows.append(cost_row("A/A control: bypassed vs bypassed", run.control))
-    rates = print_table(
+        rows.append(cost_row("A/A control: bypassed vs bypassed" + suffix, run.control))
+    table = print_table(
         ["comparison", "rounds", "req/s first (median)", "req/s second (median)", "cost: median of rounds",
          "cost: P25-P75 of rounds", "cost: mean rates"],
         rows,
     )  # fmt: skip
+    return table, losses
+
+
+def costs_text(losses: dict[str, float]) -> str:
+    return f"all caches (use) {losses['use'] * 100:.2f}%, KV tiers (kv-only) {losses['kv-only'] * 100:.2f}%"
+
+
+def run_payload(run: ThroughputRun, losses: dict[str, float]) -> dict[str, object]:
+    return {"arms": ARMS, **asdict(run), "median_loss_vs_bypass": losses}
+
+
+def throughput_tables(run: ThroughputRun) -> tuple[str, str, dict[str, float]]:
+    """(b) as two tables: the rates and costs (cost_table), and the server's timers."""
+    rates, losses = cost_table(run)
     tiered = [r[arm] for r in run.rounds for arm in ("use", "kv-only")]  # the arms that do this work
     request_ms = 1000 * sum(1 / rate for rate in tiered) / len(tiered)
     per_request = {name: 1000 * value / run.requests for name, value in run.bookkeeping_s.items()}
@@ -313,10 +402,33 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     progress("(b) throughput at 0% hit rate, cache use vs kv-only vs bypass on one server")
     texts = [prompts.make(256) for _ in range(args.throughput_requests)]  # new tenant per turn: 0% hits
-    run = throughput(args, model_dir, texts)
-    table_b, table_timers, losses = throughput_tables(run, texts)
-    costs = f"all caches (use) {losses['use'] * 100:.2f}%, KV tiers (kv-only) {losses['kv-only'] * 100:.2f}%"
+    concurrency = args.throughput_concurrency
+    per_turn = args.throughput_concurrent_requests or 3 * concurrency
+    concurrent_text = [prompts.make(256) for _ in range(per_turn if concurrency > 1 else 0)]
+    run, loaded = throughput(args, model_dir, texts, concurrent_text)
+    table_b, table_timers, losses = throughput_tables(run)
+    costs = costs_text(losses)
     print(f"throughput cost at 0% hits vs bypassed, medians over {len(run.rounds)} rounds: {costs}")
+    loaded_md, loaded_payload = "", None
+    if loaded is not None:
+        table_loaded, loaded_losses = cost_table(loaded, f", concurrency {concurrency}")
+        loaded_costs = (
+            f"medians over {len(loaded.rounds)} rounds of {per_turn} requests at concurrency {concurrency}: "
+            f"{costs_text(loaded_losses)}"
+        )
+        print(f"throughput cost at 0% hits vs bypassed, {loaded_costs}")
+        loaded_payload = {
+            "concurrency": concurrency, "requests_per_turn": per_turn, **run_payload(loaded, loaded_losses)
+        }  # fmt: skip
+        loaded_md = (
+            f"\n\n(b) under load, concurrency {concurrency}: {concurrency} clients, each on its own gRPC "
+            f"stream, send their next request as soon as the last one finished (closed loop; the engine "
+            f"batches up to its max_batch_size), {per_turn} requests of 256 tokens per arm per turn, "
+            f"max_tokens={THROUGHPUT_MAX_TOKENS}, every request its own tenant; requests/s = requests "
+            f"completed / the turn's wall time; the same arms, rotation and A/A control, after the rounds "
+            f"above on the same server\n{table_loaded}\n\nthroughput cost at 0% hits against bypassed "
+            f"requests under load, {loaded_costs}"
+        )
     if args.throughput_only:
         return 0
     tag = args.tag or args.device.split(":")[0]
@@ -324,10 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
     payload = {
-        "hit_vs_miss": rows, "per_tier": tier_rows,
-        "throughput": {"arms": ARMS, "rounds": run.rounds, "control": run.control,
-                       "median_loss_vs_bypass": losses, "requests": run.requests,
-                       "bookkeeping_s": run.bookkeeping_s},
+        "hit_vs_miss": rows, "per_tier": tier_rows, "throughput": run_payload(run, losses),
+        "throughput_concurrent": loaded_payload,
         "device": args.device,
     }  # fmt: skip
     text = (
@@ -343,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         f"cost. The A/A row is the method's own floor.\n\nThe server's own timers over those rounds (host "
         f"clock, per use or kv-only request; "
         f'`llm_engine_cache_total{{tier="prefix"|"l3"}}`), the same cost without the machine\'s noise:\n'
-        f"{table_timers}"
+        f"{table_timers}{loaded_md}"
     )
     base = write_results("prefix-cache", tag, payload, text, command, args.out_dir)
     plot(tier_rows, base.with_suffix(".png"))
