@@ -63,6 +63,7 @@ def cache_counters(
         for name, value in responses.cache.snapshot().items():
             out[("exact", name)] = value
         out.update(directory_counters("exact", responses.cache.directory))
+        out[("exact", "first_sightings")] = responses.first_sightings  # answers not written (yet)
         if responses.semantic is not None:
             for name, value in responses.semantic.snapshot().items():
                 out[("semantic", name)] = value

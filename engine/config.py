@@ -70,6 +70,7 @@ class EngineConfig:
     l3_publish_first_use: bool = False  # write every new block to Redis (default: on reuse, and warmup)
     l3_prefetch: bool = True  # fetch the hot prefixes' L3 blocks on a thread during kernel warmup
     response_cache: bool = True
+    response_cache_first_use: bool = False  # write every answer (default: on its prompt's second sighting)
     semantic_cache: bool = False
     semantic_threshold: float = 0.80
     semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json

@@ -178,7 +178,9 @@ def build_response_tier(
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids
 
-    return ResponseTier(cache, encode, decoder.raw_bytes, semantic=semantic)
+    return ResponseTier(
+        cache, encode, decoder.raw_bytes, semantic=semantic, first_use=config.response_cache_first_use
+    )
 
 
 def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], str]], list[dict]]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from cache.cost_model import LoadCostModel, ReuseLedger
+from cache.sightings import Sightings
 from engine.block_rows import select
 from engine.kv_tiers import L3Tier
 from engine.l2_pool import HostBlockPool
@@ -114,8 +115,7 @@ class PrefixCache:
         self._pending: list[tuple[str, int, float]] = []  # (tier, blocks, fetch seconds) of the last lookup
         self._reused: list[bytes] = []  # chains reused since the last store, for L3 (`_publish_reused`)
         self.publish_on_first_use = False  # L3 write policy: every new block, or (default) on reuse
-        self._seen: OrderedDict[bytes, None] = OrderedDict()  # blocks stored once, for "on reuse"
-        self._seen_limit = max(4096, 8 * capacity_blocks)
+        self._seen: Sightings[bytes] = Sightings(max(4096, 8 * capacity_blocks))  # for "on reuse"
         # Set by `adopt`, consumed by the next lookup: the adopted keys (booked as L3 reuse, with the
         # engine thread's wait + promote seconds) and every key L3 was already asked about.
         self._adopted: tuple[set[bytes], float, set[bytes]] = (set(), 0.0, set())
@@ -264,19 +264,10 @@ class PrefixCache:
             self.pinned.update([key for key in keys if key in self.index][: max(0, room)])
         if self.l3 is not None and stored:
             eager = publish or pin or self.publish_on_first_use
-            second = [i for i in stored if eager or self._sighted(keys[i])]  # computed again: reused
+            second = [i for i in stored if eager or self._seen.seen_before(keys[i])]  # computed again
             if second:
                 self.l3.publish([keys[i] for i in second], blocks[second])
         return len(stored)
-
-    def _sighted(self, key: bytes) -> bool:
-        """Whether this block was stored before (and evicted since); remembers it either way."""
-        seen = key in self._seen
-        self._seen[key] = None
-        self._seen.move_to_end(key)
-        while len(self._seen) > self._seen_limit:
-            self._seen.popitem(last=False)
-        return seen
 
     def _publish_reused(self) -> None:
         """Blocks reused since the last store are worth sharing with other replicas: write those Redis

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cache.sightings import Sightings
+
 
 def ids_encoder(tokenizer: Any, add_special_tokens: bool = True) -> Callable[[str], list[int]]:
     """`text -> ids` through `encode_batch_fast` where the `tokenizers` version has it: the same ids
@@ -99,7 +101,7 @@ class PrefixTokenizer:
         # digest of a prefix -> (the ids of the prompt it was cut from, as int64: 8 bytes an id instead
         # of ~36; how many of them are the prefix's). A prompt's cuts share its one array.
         self._prefixes: OrderedDict[bytes, tuple[array, int]] = OrderedDict()
-        self._noted: OrderedDict[bytes, None] = OrderedDict()  # cut digests seen once, not remembered
+        self._noted: Sightings[bytes] = Sightings(8 * capacity)  # cut digests seen once, not remembered
 
     def warm(self) -> None:
         """Spend the first checks on synthetic documents (noted, remembered, then hit) and run every
@@ -130,10 +132,7 @@ class PrefixTokenizer:
         self.stats.misses += 1
         if not any(digest in self._noted for digest in digests):
             for digest in digests:
-                self._noted[digest] = None
-                self._noted.move_to_end(digest)
-            while len(self._noted) > 8 * self.capacity:
-                self._noted.popitem(last=False)
+                self._noted.note(digest)
             return self.fast(text)
         return self._checked(text, self._compose(text, cuts, digests))
 

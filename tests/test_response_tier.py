@@ -1,0 +1,53 @@
+"""The response tier's write policy against a real redis-server: an exact answer is written on its
+prompt's second sighting, at once for warmup traffic or with `first_use`."""
+
+from __future__ import annotations
+
+import uuid
+
+from cache.response_cache import ExactResponseCache
+from engine.response_tier import ResponseTier
+from scheduler.messages import EngineRequestParams
+
+GREEDY = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="tier-test")
+
+
+def letters(ids: list[int]) -> bytes:
+    return bytes(97 + t % 26 for t in ids)
+
+
+def tier(redis_url: str, first_use: bool) -> tuple[ResponseTier, ExactResponseCache]:
+    exact = ExactResponseCache(redis_url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    return ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], letters, first_use=first_use), exact
+
+
+def test_an_answer_is_written_on_its_prompts_second_sighting(redis_server):
+    responses, exact = tier(redis_server, first_use=False)
+    once, twice = [5, 6, 7], [8, 9]
+    responses.remember(once, GREEDY, [0, 1], 0)
+    responses.remember(twice, GREEDY, [2, 3], 0)
+    responses.remember(twice, GREEDY, [2, 3], 0)
+    responses.close()  # drains the writer: every decision has been made
+    assert exact.snapshot()["stores"] == 1 and responses.first_sightings == 2
+    assert exact.get(twice, GREEDY) == "cd" and exact.get(once, GREEDY) is None
+
+
+def test_warmup_answers_and_first_use_are_written_at_once(redis_server):
+    responses, exact = tier(redis_server, first_use=False)
+    warmup = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="tier-test", tier="warmup")
+    responses.remember([1, 2], warmup, [0], 0)
+    responses.close()
+    assert exact.get([1, 2], warmup) == "a" and responses.first_sightings == 0
+    eager, eager_exact = tier(redis_server, first_use=True)
+    eager.remember([3, 4], GREEDY, [1], 0)
+    eager.close()
+    assert eager_exact.get([3, 4], GREEDY) == "b"
+
+
+def test_sampled_answers_are_never_sighted_or_written(redis_server):
+    responses, exact = tier(redis_server, first_use=False)
+    sampled = EngineRequestParams(max_tokens=4, temperature=0.7, tenant="tier-test")
+    for _ in range(2):
+        responses.remember([1, 2, 3], sampled, [0], 0)
+    responses.close()
+    assert exact.snapshot()["stores"] == 0 and responses.first_sightings == 0
