@@ -94,33 +94,32 @@ def test_another_writers_announcement_arrives_and_a_miss_sends_no_get(redis_serv
         reader.close()
 
 
-def test_a_stale_key_costs_one_get_then_is_forgotten(redis_server, raw):
+@pytest.fixture
+def written(redis_server):
+    """An exact cache that follows the directory, a prompt whose answer it just wrote, and its key."""
     cache = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, KEY_PREFIX))
     prompt = [int(x) for x in uuid.uuid4().bytes]
-    try:
-        assert cache.put(prompt, GREEDY, "soon gone")
-        key = cache.key(prompt, GREEDY)
-        assert cache.directory.contains(key), "a local write is known at once"
-        raw.delete(key)  # expired, or deleted by another replica as corrupt
-        before = gets(raw)
-        assert cache.get(prompt, GREEDY) is None and gets(raw) == before + 1
-        assert cache.directory.contains(key) is False and cache.directory.stats.stale == 1
-        assert cache.get(prompt, GREEDY) is None and gets(raw) == before + 1, "no second GET"
-    finally:
-        cache.close()
+    assert cache.put(prompt, GREEDY, "an answer")
+    key = cache.key(prompt, GREEDY)
+    assert cache.directory.contains(key), "a local write is known at once"
+    yield cache, prompt, key
+    cache.close()
 
 
-def test_a_corrupt_value_is_forgotten_with_its_key(redis_server, raw):
-    cache = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, KEY_PREFIX))
-    prompt = [int(x) for x in uuid.uuid4().bytes]
-    try:
-        assert cache.put(prompt, GREEDY, "fine")
-        key = cache.key(prompt, GREEDY)
-        raw.set(key, b'{"v":1,"text":"tampered","sum":"0"}')
-        assert cache.get(prompt, GREEDY) is None and cache.stats.corrupt == 1
-        assert cache.directory.contains(key) is False and raw.get(key) is None
-    finally:
-        cache.close()
+def test_a_stale_key_costs_one_get_then_is_forgotten(written, raw):
+    cache, prompt, key = written
+    raw.delete(key)  # expired, or deleted by another replica as corrupt
+    before = gets(raw)
+    assert cache.get(prompt, GREEDY) is None and gets(raw) == before + 1
+    assert cache.directory.contains(key) is False and cache.directory.stats.stale == 1
+    assert cache.get(prompt, GREEDY) is None and gets(raw) == before + 1, "no second GET"
+
+
+def test_a_corrupt_value_is_forgotten_with_its_key(written, raw):
+    cache, prompt, key = written
+    raw.set(key, b'{"v":1,"text":"tampered","sum":"0"}')
+    assert cache.get(prompt, GREEDY) is None and cache.stats.corrupt == 1
+    assert cache.directory.contains(key) is False and raw.get(key) is None
 
 
 def test_past_its_cap_the_directory_stops_answering(redis_server, raw, namespace):
