@@ -41,12 +41,9 @@ class HostBlockPool:
         self.evictions = 0
         self.hits = 0
         self._page_locked = pin and self.pool.is_pinned()  # pinned memory: device copies are async
-        self._event: torch.cuda.Event | None = None  # the engine stream's copies (promotions)
+        self._event: torch.cuda.Event | None = None
         self._stream: torch.cuda.Stream | None = None
         self._inflight = False
-        self._copies: torch.cuda.Stream | None = None  # demotions' device-to-host copies
-        self._copied: torch.cuda.Event | None = None
-        self._copying = False
 
     def __contains__(self, key: bytes) -> bool:
         return key in self.index
@@ -67,14 +64,12 @@ class HostBlockPool:
     ) -> int:
         """`put` for a run of blocks [n, ...] on any device; returns how many were kept.
 
-        From CUDA (pinned), the blocks are cloned on the device (a few microseconds) and each run of
-        consecutive slots is one asynchronous copy from the clone into pinned memory on a copy stream
-        of its own: over PCIe a store's 16 blocks of the 1B model (8 MB) take ~0.2 ms, which on the
-        engine's stream delayed the next decode step under load. Nothing waits for the copy: it starts
-        after the engine stream's earlier work (promotions reading these slots), and host access
-        waits for it (`settle`). Syncing here stalled the engine thread on every store once the device
-        pool was full (each store then demotes); copying the run to pageable host memory first cost
-        ~10x more on the H200. From host memory the run is one scatter."""
+        From CUDA, each run of consecutive slots is one asynchronous copy straight into pinned memory,
+        and nothing waits for it: the device's stream orders it before any later copy out of or into
+        those slots, and host access waits for it (`settle`). Syncing here stalled the engine thread
+        on every store once the device pool was full (each store then demotes). Copying the run to
+        pageable host memory first and then into the slots cost ~10x more on the H200. From host
+        memory the run is one scatter."""
         stored, row_of_slot = 0, {}  # a run longer than the pool reuses slots: the later block wins
         for row, key in enumerate(keys):
             if (index := self._slot_for(key, pin, keep)) is not None:
@@ -82,32 +77,16 @@ class HostBlockPool:
                 row_of_slot[index] = row
         if not row_of_slot:
             return 0
-        if blocks.is_cuda and self._page_locked:
-            self._demote(blocks, list(row_of_slot.items()))
-        elif blocks.is_cuda:
+        if blocks.is_cuda:
             for slot, row, count in runs(list(row_of_slot.items())):
                 self.pool[slot : slot + count].copy_(blocks[row : row + count], non_blocking=True)
+            self.note_device_use(blocks.device)
         else:
             self.settle()
             rows = list(row_of_slot.values())
             source = blocks if rows == list(range(len(blocks))) else blocks[rows]
             self.pool[select(list(row_of_slot), self.pool.device)] = source.to(self.pool.dtype)
         return stored
-
-    def _demote(self, blocks: torch.Tensor, slot_rows: list[tuple[int, int]]) -> None:
-        """`put_many`'s device-to-host copies on the copy stream, from a clone: the caller overwrites
-        the device rows of `blocks` right after, on its own stream."""
-        if self._copies is None:
-            self._copies, self._copied = torch.cuda.Stream(blocks.device), torch.cuda.Event()
-            self._stream = self._stream or torch.cuda.current_stream(blocks.device)
-        staged = blocks.clone()
-        self._copies.wait_stream(self._stream)  # the clone, and reads of these slots, come first
-        with torch.cuda.stream(self._copies):
-            for slot, row, count in runs(slot_rows):
-                self.pool[slot : slot + count].copy_(staged[row : row + count], non_blocking=True)
-            self._copied.record(self._copies)
-        staged.record_stream(self._copies)  # its memory is not reused before the copies are done
-        self._copying = True
 
     def note_device_use(self, device: torch.device) -> None:
         """Asynchronous device copies into or out of the slots were queued: host access waits for them.
@@ -123,9 +102,6 @@ class HostBlockPool:
 
     def settle(self) -> None:
         """Wait for the queued device copies of the slots (usually long done: an event query)."""
-        if self._copying and self._copied is not None:
-            self._copied.synchronize()
-            self._copying = False
         if self._inflight and self._event is not None:
             self._event.synchronize()
             self._inflight = False
