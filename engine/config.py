@@ -78,6 +78,7 @@ class EngineConfig:
     prefill_budget_s: float = 0.3
     redis_url: str = ""
     redis_key_directory: bool = True  # know locally which keys Redis holds: a miss costs no round trip
+    redis_key_directory_max_keys: int = 1_000_000  # per namespace; ~175 bytes a key in the engine process
     traffic_flush_s: float = 5.0
     plan_min_samples: int = 50
     plan_kv_from_traffic: bool = True

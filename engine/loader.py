@@ -110,7 +110,9 @@ def key_directory(config: EngineConfig, namespace: str, log) -> KeyDirectory | N
     """The local view of which keys of `namespace` Redis holds, following writers' announcements."""
     if not config.redis_key_directory:
         return None
-    return KeyDirectory(config.redis_url, namespace, log=log).start()
+    return KeyDirectory(
+        config.redis_url, namespace, max_keys=config.redis_key_directory_max_keys, log=log
+    ).start()
 
 
 def build_l3(
