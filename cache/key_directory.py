@@ -32,6 +32,24 @@ def announce_channel(namespace: str) -> str:
     return f"{namespace}:announce"
 
 
+def write_announced(
+    client: Any, namespace: str, values: Sequence[tuple[str, bytes]], ttl_s: int
+) -> list[bool]:
+    """SET each (name, value) with a TTL and announce the names, in one round trip; whether each SET
+    took. Only the SETs decide: a Redis that refuses the announcement (an ACL without channel access)
+    still stores, and readers' directories, which cannot subscribe there either, stay unsynced."""
+    pipe = client.pipeline(transaction=False)
+    for name, value in values:
+        pipe.set(name, value, ex=ttl_s)
+    if values:
+        pipe.publish(announce_channel(namespace), ANNOUNCE_SEPARATOR.join(name for name, _ in values))
+    replies = pipe.execute(raise_on_error=False)[: len(values)]
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return [bool(reply) for reply in replies]
+
+
 @dataclass
 class KeyDirectoryStats:
     answered: int = 0  # lookups answered locally "absent" (a Redis round trip saved)
@@ -111,12 +129,6 @@ class KeyDirectory:
             self._keys.discard(name)
             self._count("stale")
 
-    @staticmethod
-    def announce(pipe: Any, channel: str, names: Sequence[str]) -> None:
-        """Queue the announcement of `names` on a writer's pipeline, behind the SETs it announces."""
-        if names:
-            pipe.publish(channel, ANNOUNCE_SEPARATOR.join(names))
-
     def close(self) -> None:
         self._stop.set()
         self._synced = False
@@ -145,7 +157,8 @@ class KeyDirectory:
             except self._errors as exc:
                 self._synced = False
                 self._count("disconnects")
-                self._log(f"key directory {self.namespace}: {type(exc).__name__}: {exc}; unsynced")
+                if backoff == 0.2:  # the first failure of a streak; the counter tells the rest
+                    self._log(f"key directory {self.namespace}: {type(exc).__name__}: {exc}; unsynced")
                 self._stop.wait(backoff)
                 backoff = min(10.0, backoff * 2)
 

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from cache.circuit_breaker import CircuitBreaker
-from cache.key_directory import KeyDirectory, announce_channel
+from cache.key_directory import KeyDirectory, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 
 T = TypeVar("T")
@@ -137,12 +137,8 @@ class RedisKVStore:
         values = [encode_block(t, meta, compress=self.compress) for t in tensors]
         names = [self.redis_key(k) for k in keys]
 
-        def op() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for name, value in zip(names, values):
-                pipe.set(name, value, ex=self.ttl_s)
-            KeyDirectory.announce(pipe, announce_channel(self.namespace), names)
-            return pipe.execute()[: len(names)]
+        def op() -> list[bool]:
+            return write_announced(self.client, self.namespace, list(zip(names, values)), self.ttl_s)
 
         replies = self._call(op)
         if isinstance(replies, _Unavailable):

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cache.circuit_breaker import CircuitBreaker
-from cache.key_directory import KeyDirectory, announce_channel
+from cache.key_directory import KeyDirectory, write_announced
 from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 1
@@ -237,10 +237,7 @@ class ExactResponseCache(RedisCacheBase):
             return False
         key = self.key(prompt_ids, params)
         try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.set(key, self.encode_value(key, value_text), ex=self.ttl_s)
-            KeyDirectory.announce(pipe, announce_channel(KEY_PREFIX), [key])
-            pipe.execute()
+            write_announced(self.client, KEY_PREFIX, [(key, self.encode_value(key, value_text))], self.ttl_s)
         except self._redis_errors:
             self._fail()
             return False

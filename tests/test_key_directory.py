@@ -188,3 +188,33 @@ def test_the_l3_probe_is_answered_locally_without_a_round_trip(redis_server, nam
         assert outcome in ("loaded", "recompute") and len(blocks) in (0, 2)
     finally:
         l3.close()
+
+
+def test_a_redis_that_refuses_channels_still_stores_and_its_directories_defer(tmp_path, namespace):
+    """An ACL without channel access (Redis 7's default for new users): announcements fail, SETs do
+    not, so the caches keep working; a directory there never syncs and defers every lookup."""
+    port = find_free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    proc, _ = start_redis_server("redis-server", tmp_path, port)
+    directory = None
+    try:
+        admin = redis.Redis.from_url(url)
+        admin.execute_command("ACL", "SETUSER", "default", "resetchannels")
+        with pytest.raises(redis.ResponseError, match="no permissions"):
+            admin.publish(announce_channel(namespace), "x")
+        exact = ExactResponseCache(url, "fp-acl", timeout_s=0.5)
+        prompt = [int(x) for x in uuid.uuid4().bytes]
+        assert exact.put(prompt, GREEDY, "stored anyway") and exact.get(prompt, GREEDY) == "stored anyway"
+        assert exact.stats.errors == 0 and exact.breaker.allow(), "a refused announcement is no failure"
+        store = RedisKVStore(url, namespace, timeout_s=0.5)
+        assert store.put_chain([b"k1", b"k2"], [torch.zeros(1, 2, 1, 4, 2)] * 2, META) == 2
+        directory = KeyDirectory(url, namespace).start()
+        assert wait_for(lambda: directory.stats.disconnects >= 1, 10)
+        assert not directory.synced and directory.contains(store.redis_key(b"k1")) is None
+        exact.close()
+        store.close()
+    finally:
+        if directory is not None:
+            directory.close()
+        proc.terminate()
+        proc.wait(timeout=10)
