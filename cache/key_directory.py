@@ -120,8 +120,10 @@ class KeyDirectory:
         return found
 
     def add(self, names: Iterable[str]) -> None:
-        """Keys this process just wrote: known at once, before their announcement comes back."""
-        self._keys.update(names)
+        """Keys this process just wrote: known at once, before their announcement comes back. Unsynced,
+        nothing is kept (nothing is answered; the next scan lists them)."""
+        if self._synced:
+            self._keys.update(names)
 
     def discard(self, name: str) -> None:
         """A key Redis turned out not to hold (expired, deleted as corrupt)."""
@@ -185,8 +187,10 @@ class KeyDirectory:
             pubsub.close()
 
     def _apply(self, data: bytes) -> None:
+        if not self._synced:  # past the cap: kept empty until a scan finds fewer keys
+            return
         self._keys.update(data.decode("utf-8", errors="replace").split(ANNOUNCE_SEPARATOR))
-        if len(self._keys) > self.max_keys and self._synced:
+        if len(self._keys) > self.max_keys:
             self._overflow()
 
     def _rescan(self) -> None:

@@ -140,6 +140,9 @@ def test_announcements_past_the_cap_unsync_it(redis_server, raw, namespace):
         raw.publish(announce_channel(namespace), "\n".join(f"{namespace}:{i}" for i in range(3)))
         assert wait_for(lambda: directory.stats.overflows == 1, 10)
         assert directory.contains(f"{namespace}:0") is None
+        directory._apply(f"{namespace}:later".encode())  # what its thread does with an announcement
+        directory.add([f"{namespace}:mine"])
+        assert len(directory) == 0, "past its cap it keeps nothing until a scan finds fewer keys"
     finally:
         directory.close()
 
