@@ -4,7 +4,9 @@ and the round trips it saves the exact response cache and the L3 store."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -147,32 +149,64 @@ def test_announcements_past_the_cap_unsync_it(redis_server, raw, namespace):
         directory.close()
 
 
-def test_a_redis_restart_unsyncs_then_resyncs_with_what_the_new_redis_holds(tmp_path, namespace):
-    port = find_free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    proc, _ = start_redis_server("redis-server", tmp_path, port)
-    directory = None
-    try:
-        redis.Redis.from_url(url).set(f"{namespace}:before", b"x")
-        directory = started(url, namespace)
-        assert directory.contains(f"{namespace}:before")
-        proc.terminate()
-        proc.wait(timeout=10)
-        assert wait_for(lambda: not directory.synced, 20), "a dead Redis must unsync the directory"
-        assert directory.contains(f"{namespace}:before") is None
-        proc, _ = start_redis_server("redis-server", tmp_path, port)  # empty: no persistence
-        assert wait_for(lambda: directory.synced, 30), "it must resync by itself"
-        assert directory.contains(f"{namespace}:before") is False, "the new Redis does not hold it"
-        writer = RedisKVStore(url, namespace)
-        key = hashlib.sha256(b"after").digest()
-        assert writer.put(key, torch.zeros(1, 2, 1, 4, 2), META)
-        assert wait_for(lambda: directory.contains(writer.redis_key(key)), 10)
-        writer.close()
-    finally:
-        if directory is not None:
-            directory.close()
-        proc.terminate()
-        proc.wait(timeout=10)
+class OwnRedis:
+    """A redis-server of one test's own on a free port, which the test may stop and start again."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.port = run_dir, find_free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc, _ = start_redis_server("redis-server", self.run_dir, self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    server = OwnRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def directories():
+    """Starts key directories that are closed after the test, whatever it asserted."""
+    made: list[KeyDirectory] = []
+
+    def start(url: str, namespace: str) -> KeyDirectory:
+        made.append(KeyDirectory(url, namespace).start())
+        return made[-1]
+
+    yield start
+    for directory in made:
+        directory.close()
+
+
+def test_a_redis_restart_unsyncs_then_resyncs_with_what_the_new_redis_holds(
+    own_redis, directories, namespace
+):
+    redis.Redis.from_url(own_redis.url).set(f"{namespace}:before", b"x")
+    directory = directories(own_redis.url, namespace)
+    assert wait_for(lambda: directory.synced, 10)
+    assert directory.contains(f"{namespace}:before")
+    own_redis.stop()
+    assert wait_for(lambda: not directory.synced, 20), "a dead Redis must unsync the directory"
+    assert directory.contains(f"{namespace}:before") is None
+    own_redis.start()  # empty: no persistence
+    assert wait_for(lambda: directory.synced, 30), "it must resync by itself"
+    assert directory.contains(f"{namespace}:before") is False, "the new Redis does not hold it"
+    writer = RedisKVStore(own_redis.url, namespace)
+    key = hashlib.sha256(b"after").digest()
+    assert writer.put(key, torch.zeros(1, 2, 1, 4, 2), META)
+    assert wait_for(lambda: directory.contains(writer.redis_key(key)), 10)
+    writer.close()
 
 
 def test_the_l3_probe_is_answered_locally_without_a_round_trip(redis_server, namespace):
@@ -193,31 +227,24 @@ def test_the_l3_probe_is_answered_locally_without_a_round_trip(redis_server, nam
         l3.close()
 
 
-def test_a_redis_that_refuses_channels_still_stores_and_its_directories_defer(tmp_path, namespace):
+def test_a_redis_that_refuses_channels_still_stores_and_its_directories_defer(
+    own_redis, directories, namespace
+):
     """An ACL without channel access (Redis 7's default for new users): announcements fail, SETs do
     not, so the caches keep working; a directory there never syncs and defers every lookup."""
-    port = find_free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    proc, _ = start_redis_server("redis-server", tmp_path, port)
-    directory = None
-    try:
-        admin = redis.Redis.from_url(url)
-        admin.execute_command("ACL", "SETUSER", "default", "resetchannels")
-        with pytest.raises(redis.ResponseError, match="no permissions"):
-            admin.publish(announce_channel(namespace), "x")
-        exact = ExactResponseCache(url, "fp-acl", timeout_s=0.5)
-        prompt = [int(x) for x in uuid.uuid4().bytes]
-        assert exact.put(prompt, GREEDY, "stored anyway") and exact.get(prompt, GREEDY) == "stored anyway"
-        assert exact.stats.errors == 0 and exact.breaker.allow(), "a refused announcement is no failure"
-        store = RedisKVStore(url, namespace, timeout_s=0.5)
-        assert store.put_chain([b"k1", b"k2"], [torch.zeros(1, 2, 1, 4, 2)] * 2, META) == 2
-        directory = KeyDirectory(url, namespace).start()
-        assert wait_for(lambda: directory.stats.disconnects >= 1, 10)
-        assert not directory.synced and directory.contains(store.redis_key(b"k1")) is None
-        exact.close()
-        store.close()
-    finally:
-        if directory is not None:
-            directory.close()
-        proc.terminate()
-        proc.wait(timeout=10)
+    url = own_redis.url
+    admin = redis.Redis.from_url(url)
+    admin.execute_command("ACL", "SETUSER", "default", "resetchannels")
+    with pytest.raises(redis.ResponseError, match="no permissions"):
+        admin.publish(announce_channel(namespace), "x")
+    exact = ExactResponseCache(url, "fp-acl", timeout_s=0.5)
+    prompt = [int(x) for x in uuid.uuid4().bytes]
+    assert exact.put(prompt, GREEDY, "stored anyway") and exact.get(prompt, GREEDY) == "stored anyway"
+    assert exact.stats.errors == 0 and exact.breaker.allow(), "a refused announcement is no failure"
+    store = RedisKVStore(url, namespace, timeout_s=0.5)
+    assert store.put_chain([b"k1", b"k2"], [torch.zeros(1, 2, 1, 4, 2)] * 2, META) == 2
+    directory = directories(url, namespace)
+    assert wait_for(lambda: directory.stats.disconnects >= 1, 10)
+    assert not directory.synced and directory.contains(store.redis_key(b"k1")) is None
+    exact.close()
+    store.close()
