@@ -90,6 +90,11 @@ class TritonEngineObserver(EngineObserver):
             "Cache tier counters: hit_blocks, evictions, hits, misses, checksum_failures, bytes_loaded, ...",
             family.COUNTER,
         )
+        self.cache_state = family(
+            "llm_engine_cache_state",
+            "Cache tier state now: blocks held (l1, l2); key-directory keys and synced, 1 or 0 (exact, l3)",
+            family.GAUGE,
+        )
         self.tier_control = family(
             "llm_scheduler_tier_control", "Feedback-adapted tier weight and admission threshold", family.GAUGE
         )
@@ -187,6 +192,10 @@ class TritonEngineObserver(EngineObserver):
             if delta > 0:
                 self._metric(self.cache_events, tier=tier, counter=counter).increment(delta)
                 self._cache_seen[(tier, counter)] = value
+
+    def on_cache_gauges(self, gauges: dict[tuple[str, str], float]) -> None:
+        for (tier, gauge), value in gauges.items():
+            self._metric(self.cache_state, tier=tier, gauge=gauge).set(value)
 
     def on_new_shape(self, kind: str, size: int) -> None:
         self._metric(self.new_shapes, kind=kind).increment(1)

@@ -29,6 +29,26 @@ def directory_counters(tier: str, directory: KeyDirectory | None) -> dict[tuple[
     return {(tier, f"directory_{name}"): counts[name] for name in DIRECTORY_COUNTERS}
 
 
+def cache_gauges(prefix: PrefixCache | None, responses: ResponseTier | None) -> dict[tuple[str, str], float]:
+    """{(tier, gauge): value now}: blocks held in L1/L2, and each key directory's size and whether it is
+    synced (0: every lookup of that tier goes to Redis)."""
+    out: dict[tuple[str, str], float] = {}
+    directories: list[tuple[str, KeyDirectory | None]] = []
+    if prefix is not None:
+        out[("l1", "blocks")] = len(prefix.index)
+        if prefix.l2 is not None:
+            out[("l2", "blocks")] = len(prefix.l2.index)
+        if prefix.l3 is not None:
+            directories.append(("l3", prefix.l3.store.directory))
+    if responses is not None:
+        directories.append(("exact", responses.cache.directory))
+    for tier, directory in directories:
+        if directory is not None:
+            out[(tier, "directory_keys")] = len(directory)
+            out[(tier, "directory_synced")] = float(directory.synced)
+    return out
+
+
 def cache_counters(
     prefix: PrefixCache | None, responses: ResponseTier | None
 ) -> dict[tuple[str, str], float]:

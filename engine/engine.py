@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.model_runner import ModelRunner
-from engine.cache_stats import cache_counters
+from engine.cache_stats import cache_counters, cache_gauges
 from engine.observer import EngineObserver, EngineStats
 from engine.l3_prefetch import L3Prefetcher
 from engine.prefix_cache import PrefixCache, PrefixHint
@@ -185,6 +185,7 @@ class Engine:
         try:
             self._cache_stats_at = now
             self.observer.on_cache_counters(cache_counters(self.prefix_cache, self.responses))
+            self.observer.on_cache_gauges(cache_gauges(self.prefix_cache, self.responses))
         finally:
             self._cache_stats_lock.release()
 

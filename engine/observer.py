@@ -31,6 +31,9 @@ class EngineObserver:
     def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
         """Cumulative per-tier cache counters ((tier, counter) -> value), about once a second."""
 
+    def on_cache_gauges(self, gauges: dict[tuple[str, str], float]) -> None:
+        """Per-tier cache state now ((tier, gauge) -> value), with the counters."""
+
 
 @dataclass
 class EngineStats:

@@ -290,6 +290,9 @@ def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
     assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="directory_scans") >= 1
     # its answer was written on the prompt's second sighting, not its first
     assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="first_sightings") >= 1
+    assert engine_metric(metrics_url, "llm_engine_cache_state", tier="exact", gauge="directory_synced") == 1
+    assert engine_metric(metrics_url, "llm_engine_cache_state", tier="exact", gauge="directory_keys") >= 1
+    assert engine_metric(metrics_url, "llm_engine_cache_state", tier="l1", gauge="blocks") >= 1
 
     # sampled without a seed, so the response caches stay out of it: the second request is a prefix hit
     shared = "Prefix savings probe: a long shared system prompt that spans several KV blocks. " * 3
