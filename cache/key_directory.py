@@ -18,6 +18,7 @@ bounds how long a lost message can hide a key.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -48,6 +49,11 @@ def write_announced(
         if isinstance(reply, Exception):
             raise reply
     return [bool(reply) for reply in replies]
+
+
+def _glob_escaped(text: str) -> str:
+    """`text` as a literal in a SCAN MATCH pattern (a model name may hold *, ?, [ or ])."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 @dataclass
@@ -195,7 +201,7 @@ class KeyDirectory:
 
     def _rescan(self) -> None:
         fresh: set[str] = set()
-        for name in self._client.scan_iter(match=f"{self.namespace}:*", count=1000):
+        for name in self._client.scan_iter(match=f"{_glob_escaped(self.namespace)}:*", count=1000):
             fresh.add(name.decode("utf-8", errors="replace"))
             if len(fresh) > self.max_keys:
                 self._overflow()

@@ -36,6 +36,11 @@ FORMAT_VERSION = 1
 KEY_PREFIX = "llm:resp:exact:v1"
 
 
+def exact_namespace(fingerprint: str) -> str:
+    """One model's exact-cache keys: what a replica's key directory follows (not other models')."""
+    return f"{KEY_PREFIX}:{fingerprint}"
+
+
 @dataclass
 class ExactCacheStats:
     """Counters since start; ``snapshot()`` returns a consistent copy for metrics."""
@@ -152,6 +157,7 @@ class ExactResponseCache(RedisCacheBase):
         super().__init__(redis_url, timeout_s, breaker, ExactCacheStats())
         self.directory = directory
         self.fingerprint = fingerprint
+        self.namespace = exact_namespace(fingerprint)
         self.ttl_s = int(ttl_s)
         self.max_text_bytes = max_text_bytes
 
@@ -167,9 +173,7 @@ class ExactResponseCache(RedisCacheBase):
             "ids": [int(t) for t in prompt_ids],
             "sampling": sampling_signature(params),
         }
-        return (
-            f"{KEY_PREFIX}:{self.fingerprint}:{tenant_tag(params.tenant)}:{sha256_hex(canonical_json(doc))}"
-        )
+        return f"{self.namespace}:{tenant_tag(params.tenant)}:{sha256_hex(canonical_json(doc))}"
 
     @staticmethod
     def _checksum(key: str, text: str) -> str:
@@ -237,7 +241,8 @@ class ExactResponseCache(RedisCacheBase):
             return False
         key = self.key(prompt_ids, params)
         try:
-            write_announced(self.client, KEY_PREFIX, [(key, self.encode_value(key, value_text))], self.ttl_s)
+            value = self.encode_value(key, value_text)
+            write_announced(self.client, self.namespace, [(key, value)], self.ttl_s)
         except self._redis_errors:
             self._fail()
             return False

@@ -24,8 +24,7 @@ from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
 from cache.kv_format import KVBlockMeta, dtype_name
 from cache.key_directory import KeyDirectory
-from cache.response_cache import KEY_PREFIX as EXACT_KEY_PREFIX
-from cache.response_cache import ExactResponseCache
+from cache.response_cache import ExactResponseCache, exact_namespace
 from engine.kv_tiers import LAYOUT, L3Tier
 from engine.l2_pool import HostBlockPool
 from engine.response_tier import ResponseTier
@@ -154,7 +153,7 @@ def build_response_tier(
         return None
     try:
         cache = ExactResponseCache(
-            config.redis_url, fingerprint, directory=key_directory(config, EXACT_KEY_PREFIX, log)
+            config.redis_url, fingerprint, directory=key_directory(config, exact_namespace(fingerprint), log)
         )
     except ImportError as exc:
         log(f"response cache off: {exc}")

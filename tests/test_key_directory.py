@@ -15,12 +15,13 @@ import torch
 from cache.kv_format import KVBlockMeta
 from cache.key_directory import KeyDirectory, announce_channel
 from cache.redis_kv_store import RedisKVStore
-from cache.response_cache import KEY_PREFIX, ExactResponseCache
+from cache.response_cache import ExactResponseCache, exact_namespace
 from deploy.launch import find_free_port, start_redis_server
 from engine.kv_tiers import LAYOUT, L3Tier
 from scheduler.messages import EngineRequestParams
 from tests.conftest import wait_for
 
+EXACT_NS = exact_namespace("fp-dir")
 GREEDY = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="tenant-a")
 META = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
 
@@ -78,7 +79,7 @@ def test_an_unsynced_directory_defers_to_redis():
 def test_another_writers_announcement_arrives_and_a_miss_sends_no_get(redis_server, raw):
     """Replica B follows replica A's writes: B's misses cost no GET, A's answer is a hit for B."""
     writer = ExactResponseCache(redis_server, "fp-dir")
-    reader = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, KEY_PREFIX))
+    reader = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, EXACT_NS))
     prompt = [int(x) for x in uuid.uuid4().bytes]
     try:
         before = gets(raw)
@@ -99,7 +100,7 @@ def test_another_writers_announcement_arrives_and_a_miss_sends_no_get(redis_serv
 @pytest.fixture
 def written(redis_server):
     """An exact cache that follows the directory, a prompt whose answer it just wrote, and its key."""
-    cache = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, KEY_PREFIX))
+    cache = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, EXACT_NS))
     prompt = [int(x) for x in uuid.uuid4().bytes]
     assert cache.put(prompt, GREEDY, "an answer")
     key = cache.key(prompt, GREEDY)
@@ -248,3 +249,15 @@ def test_a_redis_that_refuses_channels_still_stores_and_its_directories_defer(
     assert not directory.synced and directory.contains(store.redis_key(b"k1")) is None
     exact.close()
     store.close()
+
+
+def test_a_namespace_with_glob_characters_is_matched_literally(redis_server, raw):
+    base = f"test:dir:{uuid.uuid4().hex[:8]}"
+    namespace = f"{base}:m*[x]?"
+    raw.set(f"{namespace}:mine", b"x")
+    raw.set(f"{base}:mQQxZ:other", b"x")  # what m*[x]? would match, unescaped
+    directory = started(redis_server, namespace)
+    try:
+        assert len(directory) == 1 and directory.contains(f"{namespace}:mine")
+    finally:
+        directory.close()
