@@ -224,8 +224,13 @@ class RedisKVStore:
         trouble."""
         if not keys:
             return []
-        if (known := self.known_each(keys)) is not None:
-            return known
+        known = self.known_each(keys)
+        return known if known is not None else self.exists_each_in_redis(keys)
+
+    def exists_each_in_redis(self, keys: Sequence[bytes]) -> list[bool] | None:
+        """`exists_each` asked of Redis alone, for a caller that already asked the key directory."""
+        if not keys:
+            return []
         names = [self.redis_key(k) for k in keys]
         started = time.perf_counter()
         found = self._call(lambda: self._exists_each(keys=names))

@@ -77,7 +77,7 @@ class L3Tier:
             answered: Future[list[bool] | None] = Future()
             answered.set_result(known)
             return answered
-        return self._probes.submit(self.store.exists_each, keys)
+        return self._probes.submit(self.store.exists_each_in_redis, keys)
 
     def wait_probe(self, probe: Future[list[bool] | None]) -> list[bool] | None:
         """A probe's answer, None when there is none to use: Redis could not be asked, or the probe is

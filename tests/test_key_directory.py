@@ -261,3 +261,16 @@ def test_a_namespace_with_glob_characters_is_matched_literally(redis_server, raw
         assert len(directory) == 1 and directory.contains(f"{namespace}:mine")
     finally:
         directory.close()
+
+
+def test_an_unsynced_directory_is_asked_once_per_probe(redis_server, namespace):
+    """A probe the directory cannot answer goes to Redis without asking the directory a second time."""
+    directory = KeyDirectory(redis_server, namespace)  # never started: never synced
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, directory=directory)
+    l3 = L3Tier(store, META)
+    try:
+        probe = l3.probe([hashlib.sha256(namespace.encode()).digest()])
+        assert l3.wait_probe(probe) == [False]
+        assert directory.stats.deferred == 1 and store.stats.probes == 1
+    finally:
+        l3.close()

@@ -244,13 +244,13 @@ def test_the_l3_probe_runs_when_the_request_arrives_not_in_its_prefill(model, re
     first.prefix_cache.l3.close()
     second = replica(model, redis_server, namespace)
     store, asked_from = second.prefix_cache.l3.store, []
-    exists_each = store.exists_each
+    exists_each_in_redis = store.exists_each_in_redis
 
     def recording(keys):
         asked_from.append(threading.current_thread().name)
-        return exists_each(keys)
+        return exists_each_in_redis(keys)
 
-    store.exists_each = recording  # exists_chain, the prefill's own round trip, goes through it too
+    store.exists_each_in_redis = recording  # exists_chain, the prefill's own round trip, goes through it too
     assert serve(second, PROMPT + [5]) == expected
     assert second.prefix_cache.l3.loaded_blocks == 3 and second.stats.prefix_reused_tokens == 48
     assert asked_from and all(name.startswith("l3-probe") for name in asked_from), asked_from
@@ -266,7 +266,7 @@ def test_a_probe_still_queued_behind_a_slow_one_is_dropped_not_waited_for():
     meta = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
 
     class SlowStore(TimedStore):
-        def exists_each(self, keys):
+        def exists_each_in_redis(self, keys):
             started.set()
             release.wait(10)
             return [key in self.blocks for key in keys]
