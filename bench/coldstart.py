@@ -25,7 +25,7 @@ import argparse
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from bench.common import (
@@ -88,11 +88,8 @@ class ConfigResult:
         """The same configuration started again: per length, the samples of both starts."""
         self.ready_s += other.ready_s
         for mine, theirs in zip(self.lengths, other.lengths, strict=True):
-            for name in (
-                "first_ms", "steady_ms", "engine_first_ms", "engine_steady_ms", "first_text_ms",
-                "steady_text_ms", "idle_steady_ms",
-            ):  # fmt: skip
-                getattr(mine, name).extend(getattr(theirs, name))
+            for sample in fields(LengthResult)[1:]:  # every list of samples, after `tokens`
+                getattr(mine, sample.name).extend(getattr(theirs, sample.name))
         return self
 
 

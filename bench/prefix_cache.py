@@ -280,7 +280,7 @@ def throughput(
     """Requests/s of each arm (ARMS) per round on ONE server, in short interleaved turns
     (`--throughput-requests` each, the order rotating every round): bypassed requests read and write no
     cache tier, so use vs bypass is the caches' whole cost per request and kv-only vs bypass the KV
-    prefix tiers' alone (kv-only skips the response caches: no Redis GET per greedy request). Two
+    prefix tiers' alone (kv-only skips the response caches: no lookup, no answer noted or written). Two
     servers (one without a cache) were biased: an A/A run of that design, both servers without a cache,
     showed 5.4% between them, more than the effect. A/A rounds here (both halves bypassed) show this
     method's floor. The server's own timers of the prefix cache's work (lookup, store, the L3 probe
@@ -448,9 +448,10 @@ def main(argv: list[str] | None = None) -> int:
         f"throughput cost at 0% hits against requests that bypass every cache (`cache=bypass`), "
         f"interleaved on one server: {costs} (medians over {len(run.rounds)} rounds of "
         f"{args.throughput_requests} requests per arm, the order of the three arms rotating every round). "
-        f"`use` requests look up and store their prefix and, being greedy, look up and store their answer "
-        f"in the exact response cache; `kv-only` requests do only the former: the KV prefix tiers' own "
-        f"cost. The A/A row is the method's own floor.\n\nThe server's own timers over those rounds (host "
+        f"`use` requests look up and store their prefix and, being greedy, look up their answer in the "
+        f"exact response cache and note it (it is written on its prompt's second sighting, never here); "
+        f"`kv-only` requests do only the former: the KV prefix tiers' own cost. The A/A row is the "
+        f"method's own floor.\n\nThe server's own timers over those rounds (host "
         f"clock, per use or kv-only request; "
         f'`llm_engine_cache_total{{tier="prefix"|"l3"}}`), the same cost without the machine\'s noise:\n'
         f"{table_timers}{loaded_md}"
