@@ -584,7 +584,7 @@ class Engine:
     def _keep_prefixes(self, slot: int | None = None) -> None:
         """Store the prompts computed since the last call (every slot's, or one). A store is not run
         when its prompt's first token leaves: it waits for the next decode step's launch, so that on a
-        GPU its host work (~0.7 ms a request on the H200, 0.6 on the CPU VM) runs while the device
+        GPU its host work (~0.5 ms a request on the H200, 0.6 on the CPU VM) runs while the device
         computes, or for the next lookup (which must see every computed prefix, as a burst of
         requests sharing one needs), or for its slot's release, whichever comes first."""
         for key in list(self._pending_stores) if slot is None else [slot]:
