@@ -24,7 +24,7 @@ from engine.l3_prefetch import L3Prefetcher
 from engine.prefix_cache import PrefixCache, PrefixHint
 from engine.queueing import Ewma, PolicyQueue
 from engine.requests import EngineRequest
-from engine.sampling import Sampler, pick_tokens
+from engine.sampling import Sampler, TokenPicker
 from engine.stop_strings import StopMatcher
 from engine.traffic_recorder import TrafficRecorder
 from scheduler.errors import RequestError
@@ -117,6 +117,7 @@ class Engine:
         self.preemption = preemption
         self._suspended: dict[str, _Active] = {}
         self._pending_stores: dict[int, _PendingStore] = {}  # by slot
+        self._picker = TokenPicker(runner.slots, runner.device)
         self.recorder: TrafficRecorder | None = None
 
     @property
@@ -472,7 +473,10 @@ class Engine:
         use_cache = params.uses_kv_tiers
         hint, request.prefix_hint = request.prefix_hint, None  # a resume has more tokens: hashed anew
         logits, reused = self.prefill(slot, request.prompt_ids, params.tenant, use_cache=use_cache, hint=hint)
-        token = pick_tokens(logits.unsqueeze(0), {0: state.sampler})[0]  # waits for the device
+        picks = self._picker.launch(logits.unsqueeze(0), {0: state.sampler})
+        if picks.in_flight:  # earlier prompts the lookup left pending are stored while the device computes
+            self._keep_prefixes()
+        token = picks.result()[0]  # waits for the device
         computed, seconds = len(request.prompt_ids) - reused, max(time.perf_counter() - started, 1e-6)
         self.prefill_rate.update(computed / seconds)
         if self.prefix_cache is not None:  # prices reuse (time saved) and L3's load-or-recompute
@@ -503,7 +507,7 @@ class Engine:
         returns (logits, tokens reused). `hint`: the prefix work started when `prompt` arrived."""
         reused = 0
         if self.prefix_cache is not None and use_cache:
-            self._keep_prefixes()  # a lookup sees every prefix computed before it
+            self._keep_prefixes(sharing=(prompt, tenant))  # a lookup sees every prefix computed before it
             hits = self.prefix_cache.lookup(prompt, tenant, hint)
             if hits:
                 reused = self.prefix_cache.load(slot, hits)
@@ -522,8 +526,9 @@ class Engine:
         self.note_shape("decode", kv_len)
         started = time.perf_counter()
         logits = self.runner.decode(self._last_tokens, self._positions, kv_len)
+        picks = self._picker.launch(logits, {s.slot: s.sampler for s in states})
         self._keep_prefixes()  # on a GPU, while the step runs there
-        tokens = pick_tokens(logits, {s.slot: s.sampler for s in states})
+        tokens = picks.result()
         self.stats.decode_steps += 1
         self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(states))
         if len(states) > 1:
@@ -581,18 +586,30 @@ class Engine:
         self.observer.on_finish(state.tier, status, len(state.output))
         self._release(state)
 
-    def _keep_prefixes(self, slot: int | None = None) -> None:
-        """Store the prompts computed since the last call (every slot's, or one). A store is not run
-        when its prompt's first token leaves: it waits for the next decode step's launch, so that on a
-        GPU its host work (~0.5 ms a request on the H200, 0.6 on the CPU VM) runs while the device
-        computes, or for the next lookup (which must see every computed prefix, as a burst of
-        requests sharing one needs), or for its slot's release, whichever comes first."""
+    def _keep_prefixes(self, slot: int | None = None, sharing: tuple[list[int], str] | None = None) -> None:
+        """Store the prompts computed since the last call (every slot's, one, or those `sharing` a
+        prompt's first block for a tenant). A store is not run when its prompt's first token leaves:
+        it waits for the launch of the next step (a decode, or on a GPU another request's prefill), so
+        that on a GPU its host work (~0.5 ms a request on the H200, 0.6 on the CPU VM) runs while the
+        device computes, or for its slot's release, whichever comes first. A lookup first stores the
+        prompts that begin with its first block, as a burst of requests sharing a prefix needs; no
+        other prompt can hold a block of its chain. Under load, storing every pending prompt there
+        ran each store with the device idle, before the next request's prefill."""
         for key in list(self._pending_stores) if slot is None else [slot]:
-            pending = self._pending_stores.pop(key, None)
-            if pending is not None:
-                self.prefix_cache.store(
-                    key, pending.tokens, pending.tenant, publish=pending.publish, head=pending.head
-                )
+            pending = self._pending_stores.get(key)
+            if pending is None or (sharing is not None and not self._shares_first_block(pending, *sharing)):
+                continue
+            del self._pending_stores[key]
+            self.prefix_cache.store(
+                key, pending.tokens, pending.tenant, publish=pending.publish, head=pending.head
+            )
+
+    def _shares_first_block(self, pending: _PendingStore, prompt: list[int], tenant: str) -> bool:
+        """Whether `pending` may hold blocks of `prompt`'s chain: chained keys match only from the first
+        block on, and only for one tenant. A prompt with no full block before its last token looks up
+        nothing."""
+        size = self.prefix_cache.block_size
+        return pending.tenant == tenant and len(prompt) > size and pending.tokens[:size] == prompt[:size]
 
     def _release(self, state: _Active, keep_prefix: bool = True) -> None:
         """Free the slot; its prompt's blocks are stored first unless the slot's KV is not to be

@@ -7,6 +7,7 @@ on which other requests share the batch.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import torch
 
@@ -44,10 +45,54 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-def pick_tokens(logits: torch.Tensor, samplers: dict[int, Sampler]) -> dict[int, int]:
-    """Next token for each slot in `samplers`; greedy slots share one argmax over the batch."""
-    greedy = torch.argmax(logits, dim=-1).tolist()
-    return {slot: greedy[slot] if s.greedy else s.pick(logits[slot]) for slot, s in samplers.items()}
+@dataclass
+class PendingPicks:
+    """A step's token choices, the greedy ones possibly still on their way to the host."""
+
+    logits: torch.Tensor
+    samplers: dict[int, Sampler]
+    greedy: torch.Tensor | list[int]
+    copied: torch.cuda.Event | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether the device still computes them: host work done now overlaps the device's."""
+        return self.copied is not None
+
+    def result(self) -> dict[int, int]:
+        """Next token for each slot in `samplers`; waits for the argmax only, not for device work
+        queued after it (a prefix store's copies), then picks the sampled slots."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        greedy = self.greedy if isinstance(self.greedy, list) else self.greedy.tolist()
+        return {
+            slot: greedy[slot] if s.greedy else s.pick(self.logits[slot]) for slot, s in self.samplers.items()
+        }
+
+
+class TokenPicker:
+    """Queues a step's greedy argmax and its copy to host without waiting for them.
+
+    The engine thread then does host work (prefix stores) while the device computes the step, and
+    its wait ends when the argmax lands. A `.tolist()` of the argmax also waited for every copy the
+    store had queued behind the step (its demotion to L2 crosses PCIe)."""
+
+    def __init__(self, rows: int, device: torch.device):
+        self._host: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+        if device.type == "cuda":
+            self._host = torch.empty(rows, dtype=torch.int64, pin_memory=True)
+            self._event = torch.cuda.Event()
+
+    def launch(self, logits: torch.Tensor, samplers: dict[int, Sampler]) -> PendingPicks:
+        """`logits` [rows, V]; the buffer is reused: read each launch's result before the next launch."""
+        greedy = torch.argmax(logits, dim=-1)
+        if self._host is None or self._event is None:
+            return PendingPicks(logits, samplers, greedy.tolist())
+        host = self._host[: greedy.shape[0]]
+        host.copy_(greedy, non_blocking=True)
+        self._event.record()
+        return PendingPicks(logits, samplers, host, self._event)
 
 
 def warm_sampling(vocab_size: int, slots: int, device: torch.device) -> int:

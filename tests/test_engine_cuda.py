@@ -130,3 +130,40 @@ def test_blocks_demoted_to_pinned_l2_without_a_sync_come_back_intact(model):
     assert len(hits) == 4
     cache.load(0, hits)
     torch.testing.assert_close(runner.read_blocks(0, 4, 16), expected)
+
+
+def test_token_picks_land_on_the_host_without_waiting_for_work_queued_after_them(model):
+    from engine.sampling import Sampler, TokenPicker
+
+    logits = torch.randn(4, 500, device="cuda")
+    picker = TokenPicker(4, torch.device("cuda"))
+    samplers = {0: Sampler(0.0, 1.0, 0, None, logits.device), 2: Sampler(0.8, 1.0, 0, 7, logits.device)}
+    picks = picker.launch(logits, samplers)
+    assert picks.in_flight
+    later = torch.ones(2048, 2048, device="cuda") @ torch.ones(2048, 2048, device="cuda")
+    tokens = picks.result()
+    assert tokens[0] == int(logits[0].argmax()) and 0 <= tokens[2] < 500
+    assert float(later[0, 0]) == 2048.0
+    again = Sampler(0.8, 1.0, 0, 7, logits.device).pick(logits[2])
+    assert tokens[2] == again, "a seeded slot draws from its own generator"
+
+
+def test_a_pending_prompt_is_stored_while_the_next_prefill_runs_on_the_device(model):
+    """On a GPU the prompts a lookup leaves pending (another first block) are stored between the next
+    prefill's launch and its first token, not left for the decode step; the first tokens match."""
+    from engine.engine import Engine
+    from engine.prefix_cache import PrefixCache
+    from tests.test_engine_batching import RecordingSink, request
+
+    runner = ModelRunner(model, slots=2, max_len=256, kv_buckets=(16, 64))
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {2}, (16, 64))
+    engine.prefix_cache = PrefixCache(runner, 16, 16, "cuda-test")
+    first, second = [1] + list(range(200, 248)), [1] + list(range(40, 88))
+    sinks = RecordingSink(), RecordingSink()
+    for rid, prompt, sink in zip("ab", (first, second), sinks):
+        engine.submit(request(prompt, sink, rid=rid, max_tokens=4, tenant="t"))
+    engine._admit()
+    assert list(engine._pending_stores) == [1]
+    assert len(engine.prefix_cache.lookup(first + [9], "t")) == 3
+    expected = [int(model(torch.tensor([p], device="cuda")).logits[0, -1].argmax()) for p in (first, second)]
+    assert [sink.tokens[0] for sink in sinks] == expected

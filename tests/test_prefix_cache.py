@@ -86,6 +86,24 @@ def test_a_prompt_is_kept_during_the_next_decode_step_not_before_its_first_token
     assert engine.stats.prefix_reused_tokens == 48 + 32, "a request done at its first token kept its prompt"
 
 
+def test_a_lookup_stores_only_the_pending_prompts_that_begin_with_its_first_block(model):  # noqa: F811
+    """A pending prompt with another first block (or of another tenant) holds no block of the chain
+    looked up, so it is left for later: on the CPU, the next decode step."""
+    engine = make_engine(model, capacity=32)
+    other = [1] + list(range(200, 248))
+    engine.submit(request(other, RecordingSink(), rid="a", max_tokens=4, tenant="burst"))
+    engine.submit(request(PREFIX + [5], RecordingSink(), rid="b", max_tokens=4, tenant="burst"))
+    engine.submit(request(PREFIX + [6], RecordingSink(), rid="c", max_tokens=4, tenant="other"))
+    engine._admit()
+    assert sorted(engine._pending_stores) == [0, 1], "neither prompt is stored at its first token"
+    assert engine.prefix_cache.lookup(other, "burst") == [], "not stored by the second request's lookup"
+    engine._decode()
+    assert not engine._pending_stores
+    assert len(engine.prefix_cache.lookup(other + [9], "burst")) == 3
+    run_until_idle(engine)
+    assert engine.stats.prefix_reused_tokens == 0, "another tenant's request reused nothing"
+
+
 def test_tenants_never_share_cached_prefixes(model):  # noqa: F811
     engine = make_engine(model)
     run(engine, PREFIX + [9], tenant="acme")
