@@ -13,6 +13,7 @@ case "${1:-}" in
   coldstart) python3 -m bench.coldstart $GPU_ARGS --lengths 12,48,200,900,1800,3500 --starts 3 --idle-s 1 2>&1 |
     grep -v "Loading weights" | grep "|\|^- \|READY in\|target" ;;
   prefix) python3 -m bench.prefix_cache $GPU_ARGS --lengths 512,2048,3500 --throughput-rounds 20 \
+    --throughput-concurrent-requests 96 \
     --control-rounds 10 2>&1 | grep -v "Loading weights" | grep "|\|^- \|target\|median" ;;
   warmup) python3 -m bench.warmup $GPU_ARGS --median-tokens 300 --sigma 1.2 2>&1 |
     grep -v "Loading weights" | grep "|\|^- \|prompt lengths" ;;
