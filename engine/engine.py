@@ -145,13 +145,12 @@ class Engine:
         request.received_ns = request.received_ns or time.time_ns()
         if self.recorder is not None and request.params.tier != "warmup":  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))
-        if (
-            self.responses is not None
-            and request.params.uses_response_cache
-            and (cached := self.responses.lookup(request.prompt_ids, request.params))
-        ):
-            self._answer_from_cache(request, cached)
-            return
+        if self.responses is not None and request.params.uses_response_cache:
+            found = self.responses.lookup(request.prompt_ids, request.params)
+            if found.tokens:
+                self._answer_from_cache(request, found.tokens)
+                return
+            request.response_key = found.key
         if self.prefix_cache is not None and request.params.uses_kv_tiers:
             request.prefix_hint = self.prefix_cache.hint(request.prompt_ids, request.params.tenant)
         with self._lock:
@@ -565,7 +564,10 @@ class Engine:
         ready, trim = state.stop.releasable(finished=final)
         keep = final and state.done in ("stop", "length") and params.uses_response_cache
         if keep and self.responses is not None:
-            self.responses.remember(state.request.prompt_ids, params, state.output[:ready], trim)
+            request = state.request
+            self.responses.remember(
+                request.prompt_ids, params, state.output[:ready], trim, request.response_key
+            )
         if params.stream:
             if ready <= state.sent and not final:
                 return

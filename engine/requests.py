@@ -38,3 +38,4 @@ class EngineRequest:
     received_ns: int = 0
     scheduling_ns: int = 0  # time spent deciding about it: admission, queueing, dispatch, preemption
     prefix_hint: PrefixHint | None = None  # its prefix keys and L3 probe, started on arrival
+    response_key: str | None = None  # its exact response-cache key, hashed by the lookup on arrival

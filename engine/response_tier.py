@@ -19,12 +19,22 @@ paraphrase is never the same prompt).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from cache.response_cache import ExactResponseCache
 from cache.sightings import Sightings
 from cache.semantic_cache import SemanticResponseCache
 from engine.write_behind import WriteBehind
 from scheduler.messages import EngineRequestParams
+
+
+@dataclass
+class ResponseLookup:
+    """A lookup's answer (token ids) or None, and the exact key it hashed (None: not cacheable),
+    which the request carries to `remember` so that its write does not hash the prompt again."""
+
+    tokens: list[int] | None
+    key: str | None
 
 
 class ResponseTier:
@@ -45,35 +55,42 @@ class ResponseTier:
         self.semantic = semantic
         self.encode = encode
         self.token_bytes = token_bytes
-        self._writes: WriteBehind[tuple[list[int], EngineRequestParams, list[int], int]] = WriteBehind(
+        self._writes: WriteBehind[tuple[list[int], EngineRequestParams, list[int], int, str]] = WriteBehind(
             self._write, "response-cache-writer", backlog
         )
 
-    def lookup(self, prompt_ids: list[int], params: EngineRequestParams) -> list[int] | None:
+    def lookup(self, prompt_ids: list[int], params: EngineRequestParams) -> ResponseLookup:
         """The cached answer as token ids, or None (miss, not cacheable, or Redis unavailable)."""
         if not self.cache.cacheable(params):
-            return None
-        text = self.cache.get(prompt_ids, params)
+            return ResponseLookup(None, None)
+        key = self.cache.key(prompt_ids, params)
+        text = self.cache.get(prompt_ids, params, key)
         if text is None and self.semantic is not None:
             hit = self.semantic.lookup(self._prompt_text(prompt_ids), params.tenant, params)
             text = None if hit is None else hit.answer
-        return None if text is None else self.encode(text)
+        return ResponseLookup(None if text is None else self.encode(text), key)
 
     def _prompt_text(self, prompt_ids: list[int]) -> str:
         return self.token_bytes(prompt_ids).decode("utf-8", errors="replace")
 
     def remember(
-        self, prompt_ids: list[int], params: EngineRequestParams, output: list[int], trim: int
+        self,
+        prompt_ids: list[int],
+        params: EngineRequestParams,
+        output: list[int],
+        trim: int,
+        key: str | None = None,
     ) -> None:
+        """Write the answer behind; `key`: the one the request's `lookup` returned, if any."""
         if not self.cache.cacheable(params):
             return
-        self._writes.submit((prompt_ids, params, output, trim))
+        self._writes.submit((prompt_ids, params, output, trim, key or self.cache.key(prompt_ids, params)))
 
-    def _admit(self, prompt_ids: list[int], params: EngineRequestParams) -> bool:
+    def _admit(self, key: str, params: EngineRequestParams) -> bool:
         """Whether the exact answer is written: always on first use or for warmup, else when seen before."""
         if self.first_use or params.tier == "warmup":
             return True
-        if self._sightings.seen_before(self.cache.key(prompt_ids, params)):
+        if self._sightings.seen_before(key):
             return True
         self.first_sightings += 1
         return False
@@ -84,15 +101,15 @@ class ResponseTier:
         if self.semantic is not None:
             self.semantic.close()
 
-    def _write(self, item: tuple[list[int], EngineRequestParams, list[int], int]) -> None:
-        """On the writer thread, admission included: the key's hashing stays off the engine thread."""
-        prompt_ids, params, output, trim = item
-        exact = self._admit(prompt_ids, params)
+    def _write(self, item: tuple[list[int], EngineRequestParams, list[int], int, str]) -> None:
+        """On the writer thread, admission included."""
+        prompt_ids, params, output, trim, key = item
+        exact = self._admit(key, params)
         if not exact and self.semantic is None:
             return
         data = self.token_bytes(output)
         answer = data[: len(data) - trim].decode("utf-8", errors="replace")
         if exact:
-            self.cache.put(prompt_ids, params, answer)
+            self.cache.put(prompt_ids, params, answer, key)
         if self.semantic is not None:
             self.semantic.store(self._prompt_text(prompt_ids), params.tenant, params, answer)

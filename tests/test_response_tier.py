@@ -51,3 +51,20 @@ def test_sampled_answers_are_never_sighted_or_written(redis_server):
         responses.remember([1, 2, 3], sampled, [0], 0)
     responses.close()
     assert exact.snapshot()["stores"] == 0 and responses.first_sightings == 0
+
+
+def test_the_key_a_lookup_hashed_is_the_one_the_write_uses_and_is_not_hashed_again(redis_server, monkeypatch):
+    responses, exact = tier(redis_server, first_use=True)
+    prompt = [3, 1, 4, 1, 5]
+    found = responses.lookup(prompt, GREEDY)
+    assert found.tokens is None and found.key == exact.key(prompt, GREEDY)
+    hashed = []
+    real_key = exact.key
+    monkeypatch.setattr(exact, "key", lambda *args: hashed.append(args) or real_key(*args))
+    responses.remember(prompt, GREEDY, [7, 8], 0, found.key)
+    responses.close()
+    assert hashed == [], "neither the admission nor the write hashed the prompt again"
+    monkeypatch.undo()
+    assert exact.get(prompt, GREEDY) == "hi"
+    sampled = EngineRequestParams(max_tokens=4, temperature=0.7, tenant="tier-test")
+    assert responses.lookup(prompt, sampled).key is None, "an uncacheable request has no key"
