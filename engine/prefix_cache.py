@@ -33,7 +33,7 @@ import torch
 
 from cache.cost_model import LoadCostModel, ReuseLedger
 from cache.sightings import Sightings
-from engine.block_rows import select
+from engine.block_rows import runs, select
 from engine.kv_tiers import L3Tier
 from engine.l2_pool import HostBlockPool
 from engine.model_runner import ModelRunner
@@ -181,7 +181,8 @@ class PrefixCache:
         try:
             if self.l2 is not None:
                 started = self.clock()
-                promoted = self._promote(keys[len(found) :], self._l2_run(keys[len(found) :]))
+                rest = keys[len(found) :]
+                promoted = self._promote_from_l2(rest, self.l2.take_run(rest))
                 self._pending.append(("l2", len(promoted), self.clock() - started))
                 found += promoted
             if self.l3 is not None and len(found) < len(keys) and keys[len(found)] not in asked:
@@ -303,30 +304,34 @@ class PrefixCache:
         self._adopted = (set(promoted), waited_s + self.clock() - started, set(keys))
         return len(promoted)
 
-    def _l2_run(self, keys: list[bytes]) -> list[torch.Tensor]:
-        """The leading blocks of `keys` held in host memory (L2)."""
-        blocks = []
-        for key in keys:
-            block = self.l2.get(key)
-            if block is None:
-                break
-            blocks.append(block)
-        return blocks
-
-    def _promote(self, keys: list[bytes], blocks: list[torch.Tensor]) -> list[bytes]:
-        """Bring host blocks (from L2 or L3) into the pool; returns the keys now in L1."""
-        # The run may be views of L2 slots: the blocks this allocation demotes to L2 must not land there.
-        indices = self._allocate(min(len(keys), len(blocks)), keep=frozenset(keys[: len(blocks)]))
+    def _promote_from_l2(self, keys: list[bytes], slots: list[int]) -> list[bytes]:
+        """Bring the L2 blocks in `slots` (of the leading `keys`) into the pool; returns the keys now in L1.
+        Pinned slots go to the device as asynchronous DMA, one copy per run of slots that are consecutive
+        on both sides (a chain demoted together mostly is one run); a pageable L2 is gathered once."""
+        l2 = self.l2
+        # The allocation demotes L1 blocks to L2: never into the slots being read here.
+        indices = self._allocate(min(len(keys), len(slots)), keep=frozenset(keys[: len(slots)]))
         if not indices:
             return []
-        run = blocks[: len(indices)]
-        if self.pool.is_cuda and all(block.is_pinned() for block in run):
-            for index, block in zip(indices, run):  # L2's pinned slots: asynchronous DMA, no staging
-                self.pool[index].copy_(block, non_blocking=True)
-            if self.l2 is not None:
-                self.l2.note_device_use(self.pool.device)
-        else:  # pageable blocks (L3's), or a CPU pool: one copy for the run
-            self.pool[self._rows(indices)] = torch.stack(run).to(self.pool.device)
+        if self.pool.is_cuda and l2.page_locked:
+            for dest, source, count in runs(list(zip(indices, slots))):
+                self.pool[dest : dest + count].copy_(l2.pool[source : source + count], non_blocking=True)
+            l2.note_device_use(self.pool.device)
+        else:
+            rows = select(slots[: len(indices)], l2.pool.device)
+            self.pool[self._rows(indices)] = l2.pool[rows].to(self.pool.device)
+        return self._enter(keys, indices)
+
+    def _promote(self, keys: list[bytes], blocks: list[torch.Tensor]) -> list[bytes]:
+        """Bring host blocks (L3's, pageable) into the pool in one copy; returns the keys now in L1."""
+        indices = self._allocate(min(len(keys), len(blocks)))
+        if not indices:
+            return []
+        self.pool[self._rows(indices)] = torch.stack(blocks[: len(indices)]).to(self.pool.device)
+        return self._enter(keys, indices)
+
+    def _enter(self, keys: list[bytes], indices: list[int]) -> list[bytes]:
+        """Index the leading `keys` at the rows `indices` just filled, protected until the lookup ends."""
         promoted = keys[: len(indices)]
         for key, index in zip(promoted, indices):
             self.index[key] = index

@@ -108,28 +108,37 @@ def test_device_prewarm_runs_on_its_own_stream_beside_other_work(model, tmp_path
     assert stage.items == 6 and bool(torch.isfinite(busy).all())
 
 
-def test_blocks_demoted_to_pinned_l2_without_a_sync_come_back_intact(model):
+@pytest.mark.parametrize("slots", ["runs", "scattered"])
+def test_blocks_demoted_to_pinned_l2_without_a_sync_come_back_intact(model, slots):
     """The device pool's evictions go to pinned L2 as asynchronous copies that nothing waits for: a
-    host read of L2 (settle) and a promotion back to the device (stream order) both see the blocks."""
+    host read of L2 (settle) and a promotion back to the device (stream order, one copy per run of
+    slots) both see the blocks, whether a chain's L2 slots are one run or scattered."""
     from engine.l2_pool import HostBlockPool
     from engine.prefix_cache import PrefixCache
 
     runner = ModelRunner(model, slots=2, max_len=256, kv_buckets=(16, 64))
     cache = PrefixCache(runner, capacity_blocks=4, block_size=16, fingerprint="cuda-test")
     cache.l2 = HostBlockPool(16, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=True)
+    if slots == "scattered":
+        cache.l2.free = [5, 14, 2, 9, 0, 11, 7, 3, 12, 1, 8, 15, 4, 10, 6, 13]
     first, second = list(range(1, 66)), list(range(100, 165))
     runner.prefill(0, first, 128)
     expected = runner.read_blocks(0, 4, 16).clone()
     assert cache.store(0, first, "t") == 4
     runner.prefill(1, second, 128)
+    expected_second = runner.read_blocks(1, 4, 16).clone()
     assert cache.store(1, second, "t") == 4  # evicts all of `first` into L2
     keys = cache.chain_keys(first, "t")
     assert all(key in cache.l2 and key not in cache.index for key in keys)
     torch.testing.assert_close(torch.stack([cache.l2.get(key) for key in keys]).cuda(), expected)
-    hits = cache.lookup(first, "t")
+    hits = cache.lookup(first, "t")  # promotes `first`, demoting `second` in the same stream
     assert len(hits) == 4
     cache.load(0, hits)
     torch.testing.assert_close(runner.read_blocks(0, 4, 16), expected)
+    hits = cache.lookup(second, "t")
+    assert len(hits) == 4
+    cache.load(0, hits)
+    torch.testing.assert_close(runner.read_blocks(0, 4, 16), expected_second)
 
 
 def test_token_picks_land_on_the_host_without_waiting_for_work_queued_after_them(model):

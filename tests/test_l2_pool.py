@@ -24,7 +24,15 @@ def test_blocks_used_once_go_before_blocks_that_keep_coming_back():
     assert b"once-old" not in pool and b"hot" in pool and pool.evictions == 1
 
 
-def test_among_blocks_with_k_uses_the_oldest_kth_use_goes_and_pins_stay():
+def test_take_run_returns_the_slots_of_the_leading_keys_held_and_counts_each_as_a_use():
+    pool = HostBlockPool(4, (2, 3), torch.float32, pin=False, k=2)
+    for value, key in enumerate((b"a", b"b", b"c")):
+        pool.put(key, block(value))
+    slots = pool.take_run([b"a", b"b", b"missing", b"c"])
+    assert [float(pool.pool[slot][0, 0]) for slot in slots] == [0.0, 1.0], "stops at the first miss"
+    assert pool.hits == 2 and pool.take_run([b"missing"]) == []
+    assert pool.victim() == b"c", "a and b now have K uses; c, used once, goes first"
+
     pool = HostBlockPool(3, (2, 3), torch.float32, pin=False, k=2)
     for key in (b"a", b"b", b"c"):
         pool.put(key, block(0))
