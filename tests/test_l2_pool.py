@@ -33,6 +33,8 @@ def test_take_run_returns_the_slots_of_the_leading_keys_held_and_counts_each_as_
     assert pool.hits == 2 and pool.take_run([b"missing"]) == []
     assert pool.victim() == b"c", "a and b now have K uses; c, used once, goes first"
 
+
+def test_among_blocks_with_k_uses_the_oldest_kth_use_goes_and_pins_stay():
     pool = HostBlockPool(3, (2, 3), torch.float32, pin=False, k=2)
     for key in (b"a", b"b", b"c"):
         pool.put(key, block(0))
