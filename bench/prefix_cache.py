@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="requests per turn of the run under load (default: 3 x the concurrency: 3 waves a turn)",
     )  # fmt: skip
     parser.add_argument(
-        "--throughput-only", action="store_true", help="run (b) only and print it; writes no results"
+        "--throughput-only",
+        action="store_true",
+        help="run (b) only; writes prefix-cache-throughput-<tag>.json/.md/.png",
     )
     add_engine_args(parser)
     return parser.parse_args(argv)
@@ -329,6 +331,31 @@ def plot(tier_rows: list[list[object]], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_costs(runs: list[tuple[str, ThroughputRun | None]], path: Path) -> None:
+    """Each round's cost against bypass, per arm and run, beside the A/A control: the spread that a
+    median has to be read against."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [(label, run) for label, run in runs if run is not None]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 4.2), squeeze=False)
+    for ax, (label, run) in zip(axes[0], shown):
+        series = {arm: [100 * (1 - a / b) for a, b in run.pairs(arm)] for _, arm in COMPARISONS}
+        series["A/A"] = [100 * (1 - a / b) for a, b in run.control]
+        ax.boxplot(list(series.values()))
+        ax.set_xticks(range(1, len(series) + 1), list(series))
+        ax.axhline(1.0, color="red", linestyle="--", linewidth=1, label="1% target")
+        ax.axhline(0.0, color="gray", linewidth=0.8)
+        ax.set_title(f"(b) {label}, {len(run.rounds)} rounds")
+        ax.set_ylabel("throughput cost vs bypassed (%)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def cost_row(label: str, rounds: list[tuple[float, float]]) -> list[object]:
     losses = sorted(1 - a / b for a, b in rounds)
     overall = 1 - sum(r[0] for r in rounds) / sum(r[1] for r in rounds)
@@ -429,22 +456,12 @@ def main(argv: list[str] | None = None) -> int:
             f"above on the same server\n{table_loaded}\n\nthroughput cost at 0% hits against bypassed "
             f"requests under load, {loaded_costs}"
         )
-    if args.throughput_only:
-        return 0
     tag = args.tag or args.device.split(":")[0]
     command = "python -m bench.prefix_cache " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
-    payload = {
-        "hit_vs_miss": rows, "per_tier": tier_rows, "throughput": run_payload(run, losses),
-        "throughput_concurrent": loaded_payload,
-        "device": args.device,
-    }  # fmt: skip
-    text = (
-        f"(a) L1 (prefix kept in the device pool)\n{table_a}\n\n(a) per serving tier (medians of "
-        f"{args.repeats}; before every l2/l3 hit an evictor prompt of another tenant pushes the prefix out "
-        f"of a device pool sized for one long prompt; 'blocks served' are the engine's own counters over "
-        f"the row, evictors and misses included)\n{table_tiers}\n\n(b)\n{table_b}\n\n"
+    text_b = (
+        f"(b)\n{table_b}\n\n"
         f"throughput cost at 0% hits against requests that bypass every cache (`cache=bypass`), "
         f"interleaved on one server: {costs} (medians over {len(run.rounds)} rounds of "
         f"{args.throughput_requests} requests per arm, the order of the three arms rotating every round). "
@@ -456,9 +473,28 @@ def main(argv: list[str] | None = None) -> int:
         f'`llm_engine_cache_total{{tier="prefix"|"l3"}}`), the same cost without the machine\'s noise:\n'
         f"{table_timers}{loaded_md}"
     )
+    payload = {
+        "throughput": run_payload(run, losses),
+        "throughput_concurrent": loaded_payload,
+        "device": args.device,
+    }
+    if args.throughput_only:  # (b) alone: its own file, so a longer (b) fits one GPU call
+        base = write_results("prefix-cache-throughput", tag, payload, text_b, command, args.out_dir)
+        plot_costs([("one at a time", run), (f"concurrency {concurrency}", loaded)], base.with_suffix(".png"))
+        progress(f"wrote {base}.json/.md/.png")
+        return 0
+    payload = {"hit_vs_miss": rows, "per_tier": tier_rows, **payload}
+    text = (
+        f"(a) L1 (prefix kept in the device pool)\n{table_a}\n\n(a) per serving tier (medians of "
+        f"{args.repeats}; before every l2/l3 hit an evictor prompt of another tenant pushes the prefix out "
+        f"of a device pool sized for one long prompt; 'blocks served' are the engine's own counters over "
+        f"the row, evictors and misses included)\n{table_tiers}\n\n{text_b}"
+    )
     base = write_results("prefix-cache", tag, payload, text, command, args.out_dir)
     plot(tier_rows, base.with_suffix(".png"))
-    progress(f"wrote {base}.json/.md/.png")
+    costs_png = base.with_name(f"{base.name}-costs.png")
+    plot_costs([("one at a time", run), (f"concurrency {concurrency}", loaded)], costs_png)
+    progress(f"wrote {base}.json/.md/.png and {costs_png.name}")
     return 0
 
 

@@ -3,6 +3,7 @@
 #   bash scripts/gpu/runs.sh tests      # the CUDA-only tests
 #   bash scripts/gpu/runs.sh coldstart  # bench.coldstart, 3 warm starts, primed
 #   bash scripts/gpu/runs.sh prefix     # bench.prefix_cache, one-server (b) with its A/A control
+#   bash scripts/gpu/runs.sh prefix-b   # bench.prefix_cache's (b) alone, 30 rounds each way (~400 s)
 #   bash scripts/gpu/runs.sh warmup     # bench.warmup (cold / v1 / planned)
 # Results land in $OUT (the device tool's output folder); copy them to bench/results/.
 set -uo pipefail
@@ -15,8 +16,11 @@ case "${1:-}" in
   prefix) python3 -m bench.prefix_cache $GPU_ARGS --lengths 512,2048,3500 --throughput-rounds 20 \
     --throughput-concurrent-requests 96 \
     --control-rounds 10 2>&1 | grep -v "Loading weights" | grep "|\|^- \|target\|median" ;;
+  prefix-b) python3 -m bench.prefix_cache $GPU_ARGS --throughput-only --throughput-rounds 30 \
+    --control-rounds 15 --throughput-concurrent-requests 96 2>&1 | grep -v "Loading weights" |
+    grep "|\|^- \|median" ;;
   warmup) python3 -m bench.warmup $GPU_ARGS --median-tokens 300 --sigma 1.2 2>&1 |
     grep -v "Loading weights" | grep "|\|^- \|prompt lengths" ;;
-  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|warmup" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|prefix-b|warmup" >&2; exit 2 ;;
 esac
 echo "[gpu] $1: $(( $(date +%s) - t0 )) s"
