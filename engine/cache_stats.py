@@ -76,6 +76,7 @@ def cache_counters(
             for name in L3_COUNTERS:
                 out[("l3", name)] = stats[name]
             out[("l3", "probe_wait_seconds")] = prefix.l3.probe_wait_seconds  # the probe's part in lookup
+            out[("l3", "writes_dropped")] = prefix.l3.writes_dropped
             out.update(directory_counters("l3", prefix.l3.store.directory))
             for decision, count in prefix.l3.cost.decisions.items():
                 out[("l3", f"decision_{decision}")] = count
@@ -84,6 +85,7 @@ def cache_counters(
             out[("exact", name)] = value
         out.update(directory_counters("exact", responses.cache.directory))
         out[("exact", "first_sightings")] = responses.first_sightings  # answers not written (yet)
+        out[("exact", "writes_dropped")] = responses.writes_dropped  # exact and semantic writes given up
         if responses.semantic is not None:
             for name, value in responses.semantic.snapshot().items():
                 out[("semantic", name)] = value

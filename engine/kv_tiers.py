@@ -65,6 +65,11 @@ class L3Tier:
         self._probes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l3-probe")
         self.probe_wait_seconds = 0.0  # engine thread only
 
+    @property
+    def writes_dropped(self) -> int:
+        """Block writes given up because the writer had fallen behind (a slow Redis): never waited for."""
+        return self._writes.dropped
+
     def fetch(self, keys: list[bytes], present: Sequence[bool] | None = None) -> list[torch.Tensor]:
         """The leading blocks of `keys` found in Redis (on the host), or [] when recomputing is cheaper."""
         return self.fetch_with_outcome(keys, present)[0]

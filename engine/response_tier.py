@@ -59,6 +59,11 @@ class ResponseTier:
             self._write, "response-cache-writer", backlog
         )
 
+    @property
+    def writes_dropped(self) -> int:
+        """Answers not written because the writer had fallen behind (a slow Redis): never waited for."""
+        return self._writes.dropped
+
     def lookup(self, prompt_ids: list[int], params: EngineRequestParams) -> ResponseLookup:
         """The cached answer as token ids, or None (miss, not cacheable, or Redis unavailable)."""
         if not self.cache.cacheable(params):

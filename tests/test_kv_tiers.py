@@ -285,3 +285,22 @@ def test_a_probe_still_queued_behind_a_slow_one_is_dropped_not_waited_for():
     finally:
         release.set()
         l3.close()
+
+
+def test_l3_writes_the_writer_cannot_keep_up_with_are_dropped_without_waiting_and_counted(redis_server):
+    store = RedisKVStore(redis_server, "kv-test:dropped-writes", timeout_s=0.2, breaker=CircuitBreaker())
+    l3 = L3Tier(store, KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT), backlog=1)
+    cache = PrefixCache(TimedRunner(FakeClock(), copy_s=0.0), 8, 4, "fp")
+    cache.l3 = l3
+    release, writing = threading.Event(), threading.Event()
+    real_put = store.put_chain
+    store.put_chain = lambda *args: writing.set() or release.wait(5) and real_put(*args)
+    blocks = torch.ones(1, 1, 2, 1, 4, 2)
+    l3.publish([b"k0"], blocks)
+    assert writing.wait(5), "the writer took the first block"
+    for key in (b"k1", b"k2", b"k3", b"k4"):
+        l3.publish([key], blocks)
+    assert l3.writes_dropped == 3, "one waits in the backlog of 1, the other three are dropped"
+    assert cache_counters(cache, None)[("l3", "writes_dropped")] == 3
+    release.set()
+    l3.close()

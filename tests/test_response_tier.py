@@ -3,9 +3,12 @@ prompt's second sighting, at once for warmup traffic or with `first_use`."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 from cache.response_cache import ExactResponseCache
+from engine.cache_stats import cache_counters
 from engine.response_tier import ResponseTier
 from scheduler.messages import EngineRequestParams
 
@@ -68,3 +71,24 @@ def test_the_key_a_lookup_hashed_is_the_one_the_write_uses_and_is_not_hashed_aga
     assert exact.get(prompt, GREEDY) == "hi"
     sampled = EngineRequestParams(max_tokens=4, temperature=0.7, tenant="tier-test")
     assert responses.lookup(prompt, sampled).key is None, "an uncacheable request has no key"
+
+
+def test_answers_the_writer_cannot_keep_up_with_are_dropped_without_waiting_and_counted(redis_server):
+    """A slow Redis: the engine thread never waits for the writer; what overflows its backlog is given up
+    and shows in the metrics (`llm_engine_cache_total{tier="exact", counter="writes_dropped"}`)."""
+    exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    responses = ResponseTier(exact, lambda text: [0], letters, backlog=1, first_use=True)
+    release, writing = threading.Event(), threading.Event()
+    real_put = exact.put
+    exact.put = lambda *args: writing.set() or release.wait(5) and real_put(*args)
+    responses.remember([1], GREEDY, [0], 0)
+    assert writing.wait(5), "the writer took the first answer"
+    started = time.monotonic()
+    for prompt in ([2], [3], [4], [5]):
+        responses.remember(prompt, GREEDY, [0], 0)
+    assert time.monotonic() - started < 0.5, "remember never waits for a busy writer"
+    assert responses.writes_dropped == 3, "one waits in the backlog of 1, the other three are dropped"
+    assert cache_counters(None, responses)[("exact", "writes_dropped")] == 3
+    release.set()
+    responses.close()
+    assert exact.get([1], GREEDY) == "a" and exact.get([2], GREEDY) == "a" and exact.get([5], GREEDY) is None
