@@ -65,7 +65,7 @@ class ResponseTier:
         return self._writes.dropped
 
     def lookup(self, prompt_ids: list[int], params: EngineRequestParams) -> ResponseLookup:
-        """The cached answer as token ids, or None (miss, not cacheable, or Redis unavailable)."""
+        """The cached answer as token ids (None: a miss, not cacheable, or Redis unavailable) and the key."""
         if not self.cache.cacheable(params):
             return ResponseLookup(None, None)
         key = self.cache.key(prompt_ids, params)
