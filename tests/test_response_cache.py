@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from cache.circuit_breaker import BreakerState, CircuitBreaker
-from cache.response_cache import ExactResponseCache, is_deterministic
+from cache.response_cache import ExactResponseCache, canonical_json, is_deterministic, sampling_signature
 from deploy.launch import find_free_port
 from scheduler.messages import EngineRequestParams
 
@@ -141,3 +141,22 @@ def test_slow_redis_times_out_and_breaker_recovers(redis_server):
     now[0] += 6.0  # past the cooldown: one probe goes through, succeeds, closes the breaker
     assert c.get(PROMPT, params) == "cached"
     assert breaker.state is BreakerState.CLOSED
+
+
+def test_key_packs_the_ids_as_little_endian_int64_after_the_json_of_the_rest(redis_server):
+    """The layout other machines must reproduce: a host of another byte order or integer type gives the
+    same key (numpy ids included), and a prompt's ids never collide with a longer one's."""
+    import hashlib
+    import struct
+
+    import numpy as np
+
+    cache = ExactResponseCache(redis_server, "fp")
+    params = EngineRequestParams(max_tokens=4)
+    doc = {"fp": "fp", "tenant": params.tenant, "sampling": sampling_signature(params)}
+    digest = hashlib.sha256()
+    for part in (canonical_json(doc), struct.pack("<3q", 1, 2, 70000)):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    assert cache.key([1, 2, 70000], params).endswith(":" + digest.hexdigest())
+    assert cache.key(np.array([1, 2, 70000]), params) == cache.key([1, 2, 70000], params)
+    assert cache.key([1, 2], params) != cache.key([1, 2, 0], params)
