@@ -331,6 +331,11 @@ def plot(tier_rows: list[list[object]], path: Path) -> None:
     plt.close(fig)
 
 
+def round_costs(rounds: list[tuple[float, float]]) -> list[float]:
+    """Each round's cost of its first half against its second: 1 - rate / baseline rate."""
+    return [1 - a / b for a, b in rounds]
+
+
 def plot_costs(runs: list[tuple[str, ThroughputRun | None]], path: Path) -> None:
     """Each round's cost against bypass, per arm and run, beside the A/A control: the spread that a
     median has to be read against."""
@@ -342,9 +347,9 @@ def plot_costs(runs: list[tuple[str, ThroughputRun | None]], path: Path) -> None
     shown = [(label, run) for label, run in runs if run is not None]
     fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 4.2), squeeze=False)
     for ax, (label, run) in zip(axes[0], shown):
-        series = {arm: [100 * (1 - a / b) for a, b in run.pairs(arm)] for _, arm in COMPARISONS}
-        series["A/A"] = [100 * (1 - a / b) for a, b in run.control]
-        ax.boxplot(list(series.values()))
+        series = {arm: round_costs(run.pairs(arm)) for _, arm in COMPARISONS}
+        series["A/A"] = round_costs(run.control)
+        ax.boxplot([[100 * cost for cost in costs] for costs in series.values()])
         ax.set_xticks(range(1, len(series) + 1), list(series))
         ax.axhline(1.0, color="red", linestyle="--", linewidth=1, label="1% target")
         ax.axhline(0.0, color="gray", linewidth=0.8)
@@ -357,7 +362,7 @@ def plot_costs(runs: list[tuple[str, ThroughputRun | None]], path: Path) -> None
 
 
 def cost_row(label: str, rounds: list[tuple[float, float]]) -> list[object]:
-    losses = sorted(1 - a / b for a, b in rounds)
+    losses = sorted(round_costs(rounds))
     overall = 1 - sum(r[0] for r in rounds) / sum(r[1] for r in rounds)
     return [label, len(rounds), median([r[0] for r in rounds]), median([r[1] for r in rounds]),
             f"{median(losses) * 100:.2f}%",
@@ -368,7 +373,7 @@ def cost_row(label: str, rounds: list[tuple[float, float]]) -> list[object]:
 def cost_table(run: ThroughputRun, suffix: str = "") -> tuple[str, dict[str, float]]:
     """The interleaved rates, each arm against bypass (with the A/A control), `suffix` after each
     comparison's label; and the median cost of each arm (COMPARISONS) against bypass."""
-    losses = {arm: median([1 - a / b for a, b in run.pairs(arm)]) for _, arm in COMPARISONS}
+    losses = {arm: median(round_costs(run.pairs(arm))) for _, arm in COMPARISONS}
     rows = [cost_row(label + suffix, run.pairs(arm)) for label, arm in COMPARISONS]
     if run.control:
         rows.append(cost_row("A/A control: bypassed vs bypassed" + suffix, run.control))
@@ -478,9 +483,10 @@ def main(argv: list[str] | None = None) -> int:
         "throughput_concurrent": loaded_payload,
         "device": args.device,
     }
+    panels = [("one at a time", run), (f"concurrency {concurrency}", loaded)]
     if args.throughput_only:  # (b) alone: its own file, so a longer (b) fits one GPU call
         base = write_results("prefix-cache-throughput", tag, payload, text_b, command, args.out_dir)
-        plot_costs([("one at a time", run), (f"concurrency {concurrency}", loaded)], base.with_suffix(".png"))
+        plot_costs(panels, base.with_suffix(".png"))
         progress(f"wrote {base}.json/.md/.png")
         return 0
     payload = {"hit_vs_miss": rows, "per_tier": tier_rows, **payload}
@@ -493,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     base = write_results("prefix-cache", tag, payload, text, command, args.out_dir)
     plot(tier_rows, base.with_suffix(".png"))
     costs_png = base.with_name(f"{base.name}-costs.png")
-    plot_costs([("one at a time", run), (f"concurrency {concurrency}", loaded)], costs_png)
+    plot_costs(panels, costs_png)
     progress(f"wrote {base}.json/.md/.png and {costs_png.name}")
     return 0
 
