@@ -55,8 +55,8 @@ class ResponseTier:
         self.semantic = semantic
         self.encode = encode
         self.token_bytes = token_bytes
-        self._writes: WriteBehind[tuple[list[int], EngineRequestParams, list[int], int, str]] = WriteBehind(
-            self._write, "response-cache-writer", backlog
+        self._writes: WriteBehind[tuple[list[int], EngineRequestParams, list[int], int, str | None]] = (
+            WriteBehind(self._write, "response-cache-writer", backlog)
         )
 
     @property
@@ -89,7 +89,7 @@ class ResponseTier:
         """Write the answer behind; `key`: the one the request's `lookup` returned, if any."""
         if not self.cache.cacheable(params):
             return
-        self._writes.submit((prompt_ids, params, output, trim, key or self.cache.key(prompt_ids, params)))
+        self._writes.submit((prompt_ids, params, output, trim, key))
 
     def _admit(self, key: str, params: EngineRequestParams) -> bool:
         """Whether the exact answer is written: always on first use or for warmup, else when seen before."""
@@ -106,9 +106,11 @@ class ResponseTier:
         if self.semantic is not None:
             self.semantic.close()
 
-    def _write(self, item: tuple[list[int], EngineRequestParams, list[int], int, str]) -> None:
-        """On the writer thread, admission included."""
+    def _write(self, item: tuple[list[int], EngineRequestParams, list[int], int, str | None]) -> None:
+        """On the writer thread, admission included; a key its lookup did not hash is hashed here, off the
+        engine thread."""
         prompt_ids, params, output, trim, key = item
+        key = key or self.cache.key(prompt_ids, params)
         exact = self._admit(key, params)
         if not exact and self.semantic is None:
             return
