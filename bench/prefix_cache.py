@@ -140,7 +140,8 @@ SERVED = {"l1": ("l1", "hit_blocks"), "l2": ("l2", "hit_blocks"), "l3": ("l3", "
           "l3_load": ("l3", "decision_load"), "l3_recompute": ("l3", "decision_recompute")}  # fmt: skip
 BOOKKEEPING = {"lookup": ("prefix", "lookup_seconds"), "store": ("prefix", "store_seconds"),
                "l3_probe": ("l3", "probe_seconds"), "l3_probes": ("l3", "probes"),
-               "l3_probe_wait": ("l3", "probe_wait_seconds")}  # fmt: skip
+               "l3_probe_wait": ("l3", "probe_wait_seconds"),
+               "exact": ("exact", "request_seconds")}  # fmt: skip
 
 
 def served_blocks(metrics_url: str, probe: TtftProbe, prompts: PromptFactory) -> dict[str, float]:
@@ -244,6 +245,7 @@ class ThroughputRun:
     control: list[tuple[float, float]]  # A/A rounds, both halves bypassed: the method's own noise and bias
     bookkeeping_s: dict[str, float]  # the server's own prefix-cache timers over the rounds (BOOKKEEPING)
     requests: int  # requests that used the KV prefix tiers over the rounds (use and kv-only)
+    use_requests: int = 0  # of which `use`: the ones that also looked up and noted their answer
 
     def pairs(self, arm: str) -> list[tuple[float, float]]:
         """(arm, bypass) requests/s per round."""
@@ -272,8 +274,8 @@ def measure(args, stack, probe: TtftProbe, rate: Rate, texts: list[str], label: 
     medians = ", ".join(f"{arm} {median([r[arm] for r in rounds]):.2f}/s" for arm in ARMS)
     progress(f"(b) {label}, {len(rounds)} rounds: {medians} (medians)")
     spent = {name: after[name] - before[name] for name in BOOKKEEPING}
-    tiered = len(rounds) * len(texts) * (len(ARMS) - 1) + 1  # use and kv-only, + a flush
-    return ThroughputRun(rounds, control, spent, tiered)
+    use = len(rounds) * len(texts) + 1  # + a flush
+    return ThroughputRun(rounds, control, spent, use + len(rounds) * len(texts), use)
 
 
 def throughput(
@@ -393,20 +395,21 @@ def run_payload(run: ThroughputRun, losses: dict[str, float]) -> dict[str, objec
     return {"arms": ARMS, **asdict(run), "median_loss_vs_bypass": losses}
 
 
-def throughput_tables(run: ThroughputRun) -> tuple[str, str, dict[str, float]]:
+def throughput_tables(run: ThroughputRun, suffix: str = "") -> tuple[str, str, dict[str, float]]:
     """(b) as two tables: the rates and costs (cost_table), and the server's timers."""
-    rates, losses = cost_table(run)
+    rates, losses = cost_table(run, suffix)
     tiered = [r[arm] for r in run.rounds for arm in ("use", "kv-only")]  # the arms that do this work
     request_ms = 1000 * sum(1 / rate for rate in tiered) / len(tiered)
     per_request = {name: 1000 * value / run.requests for name, value in run.bookkeeping_s.items()}
     spent_ms = per_request["lookup"] + per_request["store"]
+    exact_ms = 1000 * run.bookkeeping_s.get("exact", 0.0) / max(run.use_requests, 1)
     timers = print_table(
         ["request ms (use, kv-only)", "lookup ms", "of which waiting for the L3 probe ms",
          "L3 probe round trip ms (from arrival)", "L3 probes per request", "store ms",
-         "cache work per request"],
+         "cache work per request", "exact cache ms (use)"],
         [[request_ms, per_request["lookup"], per_request["l3_probe_wait"], per_request["l3_probe"],
           run.bookkeeping_s["l3_probes"] / run.requests, per_request["store"],
-          f"{spent_ms / request_ms * 100:.2f}%"]],
+          f"{spent_ms / request_ms * 100:.2f}%", exact_ms]],
     )  # fmt: skip
     return rates, timers, losses
 
@@ -443,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"throughput cost at 0% hits vs bypassed, medians over {len(run.rounds)} rounds: {costs}")
     loaded_md, loaded_payload = "", None
     if loaded is not None:
-        table_loaded, loaded_losses = cost_table(loaded, f", concurrency {concurrency}")
+        table_loaded, timers_loaded, loaded_losses = throughput_tables(loaded, f", concurrency {concurrency}")
         loaded_costs = (
             f"medians over {len(loaded.rounds)} rounds of {per_turn} requests at concurrency {concurrency}: "
             f"{costs_text(loaded_losses)}"
@@ -459,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             f"max_tokens={THROUGHPUT_MAX_TOKENS}, every request its own tenant; requests/s = requests "
             f"completed / the turn's wall time; the same arms, rotation and A/A control, after the rounds "
             f"above on the same server\n{table_loaded}\n\nthroughput cost at 0% hits against bypassed "
-            f"requests under load, {loaded_costs}"
+            f"requests under load, {loaded_costs}\n\nThe server's timers over the rounds under load:\n"
+            f"{timers_loaded}"
         )
     tag = args.tag or args.device.split(":")[0]
     command = "python -m bench.prefix_cache " + " ".join(
@@ -475,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
         f"`kv-only` requests do only the former: the KV prefix tiers' own cost. The A/A row is the "
         f"method's own floor.\n\nThe server's own timers over those rounds (host "
         f"clock, per use or kv-only request; "
-        f'`llm_engine_cache_total{{tier="prefix"|"l3"}}`), the same cost without the machine\'s noise:\n'
+        f'`llm_engine_cache_total{{tier="prefix"|"l3"}}`), the same cost without the machine\'s noise; the '
+        f"last column is the exact response cache's lookup and admission per `use` request "
+        f'(`{{tier="exact", counter="request_seconds"}}`), on the request path:\n'
         f"{table_timers}{loaded_md}"
     )
     payload = {

@@ -86,6 +86,7 @@ def cache_counters(
         out.update(directory_counters("exact", responses.cache.directory))
         out[("exact", "first_sightings")] = responses.first_sightings  # answers not written (yet)
         out[("exact", "writes_dropped")] = responses.writes_dropped  # exact and semantic writes given up
+        out[("exact", "request_seconds")] = responses.request_seconds  # lookup + remember: every request's
         if responses.semantic is not None:
             for name, value in responses.semantic.snapshot().items():
                 out[("semantic", name)] = value

@@ -92,3 +92,26 @@ def test_answers_the_writer_cannot_keep_up_with_are_dropped_without_waiting_and_
     release.set()
     responses.close()
     assert exact.get([1], GREEDY) == "a" and exact.get([2], GREEDY) == "a" and exact.get([5], GREEDY) is None
+
+
+def test_a_first_sighting_is_decided_on_the_callers_thread_and_never_wakes_the_writer(
+    redis_server, monkeypatch
+):
+    """At a low hit rate most answers are first sightings: they cost a dict update, not a writer wake-up."""
+    responses, exact = tier(redis_server, first_use=False)
+    submitted = []
+    real_submit = responses._writes.submit
+    monkeypatch.setattr(responses._writes, "submit", lambda item: submitted.append(item) or real_submit(item))
+    prompt = [2, 7, 1, 8]
+    key = responses.lookup(prompt, GREEDY).key
+    responses.remember(prompt, GREEDY, [0], 0, key)
+    assert submitted == [] and responses.first_sightings == 1
+    responses.remember(prompt, GREEDY, [0], 0, key)
+    assert [item.exact for item in submitted] == [True], "the second sighting goes to the writer, admitted"
+    responses.remember([9, 9], GREEDY, [1], 0)  # no key hashed: the writer hashes and admits it
+    assert [item.exact for item in submitted] == [True, None]
+    responses.close()
+    assert exact.get(prompt, GREEDY) == "a" and exact.get([9, 9], GREEDY) is None
+    assert responses.first_sightings == 2
+    spent = cache_counters(None, responses)[("exact", "request_seconds")]
+    assert 0 < spent < 1, "the lookup and the three admissions are timed on the callers' threads"
