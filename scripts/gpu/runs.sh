@@ -3,7 +3,8 @@
 #   bash scripts/gpu/runs.sh tests      # the CUDA-only tests
 #   bash scripts/gpu/runs.sh coldstart  # bench.coldstart, 3 warm starts, primed
 #   bash scripts/gpu/runs.sh prefix     # bench.prefix_cache, one-server (b) with its A/A control
-#   bash scripts/gpu/runs.sh prefix-b   # bench.prefix_cache's (b) alone, 30 rounds each way (~400 s)
+#   bash scripts/gpu/runs.sh prefix-b   # bench.prefix_cache's (b) alone, 30 rounds each way (~400 s);
+#                                       # pool several with python -m bench.prefix_cache_pool (here)
 #   bash scripts/gpu/runs.sh warmup     # bench.warmup (cold / v1 / planned)
 # Results land in $OUT (the device tool's output folder); copy them to bench/results/.
 set -uo pipefail
