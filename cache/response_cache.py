@@ -92,6 +92,14 @@ def sha256_hex(*parts: bytes) -> str:
     return h.hexdigest()
 
 
+def exact_key(fingerprint: str, prompt_ids: Sequence[int], params: EngineRequestParams) -> str:
+    """The exact cache's key of a prompt; the scheduler step hashes it on arrival, the engine to check it."""
+    doc = {"fp": fingerprint, "tenant": params.tenant, "sampling": sampling_signature(params)}
+    ids = struct.pack(f"<{len(prompt_ids)}q", *prompt_ids)
+    digest = sha256_hex(canonical_json(doc), ids)
+    return f"{exact_namespace(fingerprint)}:{tenant_tag(params.tenant)}:{digest}"
+
+
 def tenant_tag(tenant: str) -> str:
     """A fixed-width, key-safe form of the tenant (tenants are free text set by the server)."""
     return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
@@ -171,9 +179,13 @@ class ExactResponseCache(RedisCacheBase):
         return is_deterministic(params)
 
     def key(self, prompt_ids: Sequence[int], params: EngineRequestParams) -> str:
-        doc = {"fp": self.fingerprint, "tenant": params.tenant, "sampling": sampling_signature(params)}
-        ids = struct.pack(f"<{len(prompt_ids)}q", *prompt_ids)
-        return f"{self.namespace}:{tenant_tag(params.tenant)}:{sha256_hex(canonical_json(doc), ids)}"
+        return exact_key(self.fingerprint, prompt_ids, params)
+
+    def claimed(self, params: EngineRequestParams) -> str | None:
+        """The key the scheduler step hashed for this request, if it is one of this model's (same
+        fingerprint): unverified, so good for a miss; a hit or a write checks it (`key`)."""
+        key = params.response_key
+        return key if key.startswith(self.namespace + ":") else None
 
     @staticmethod
     def _checksum(key: str, text: str) -> str:

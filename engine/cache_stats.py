@@ -87,6 +87,9 @@ def cache_counters(
         out[("exact", "first_sightings")] = responses.first_sightings  # answers not written (yet)
         out[("exact", "writes_dropped")] = responses.writes_dropped  # exact and semantic writes given up
         out[("exact", "request_seconds")] = responses.request_seconds  # lookup + remember: every request's
+        out[("exact", "claimed_keys")] = responses.claimed_keys  # keys the scheduler step hashed, used
+        out[("exact", "foreign_keys")] = responses.foreign_keys  # of another fingerprint: hashed here instead
+        out[("exact", "forged_keys")] = responses.forged_keys  # not their prompt's when checked: refused
         if responses.semantic is not None:
             for name, value in responses.semantic.snapshot().items():
                 out[("semantic", name)] = value

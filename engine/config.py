@@ -17,7 +17,7 @@ def expand_env(value: str) -> str:
     return os.environ.get(match["name"], match["default"] or "")
 
 
-def _parse_bool(key: str, value: str) -> bool:
+def parse_bool(key: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
@@ -102,7 +102,7 @@ class EngineConfig:
                 continue
             default = getattr(cls, key, None)
             if isinstance(default, bool):
-                values[key] = _parse_bool(key, value)
+                values[key] = parse_bool(key, value)
             elif isinstance(default, int):
                 values[key] = _int(key, value)
             elif isinstance(default, float):

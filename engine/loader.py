@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import yaml
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+from cache.fingerprint import model_max_len, serving_fingerprint
 from cache.traffic_stats import RESERVED, StoreUnavailable, TrafficStatsStore, model_fingerprint
 from engine.compile_cache import CompileCache, compile_cache_for
 from engine.config import EngineConfig
@@ -203,11 +203,6 @@ def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], st
         return [], [{"stage": "prefix_templates", "error": f"{path}: {type(exc).__name__}: {exc}"}]
 
 
-def model_max_len(model_dir: Path, max_seq_len: int) -> int:
-    limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings") or max_seq_len
-    return min(max_seq_len, int(limit))
-
-
 def load_engine(
     config: EngineConfig,
     observer: EngineObserver | None = None,
@@ -263,7 +258,7 @@ def load_engine(
         preemption=PreemptionPolicy(config.max_preemptions) if config.preemption else None,
     )
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
-    fingerprint = model_fingerprint(model_dir, max_len) + f"|{config.dtype}|slot-kv-v1"
+    fingerprint = serving_fingerprint(model_dir, max_len, config.dtype)
     if config.prefix_cache_blocks > 0:
         engine.prefix_cache = PrefixCache(
             runner, config.prefix_cache_blocks, config.prefix_block_size, fingerprint

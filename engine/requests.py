@@ -9,6 +9,7 @@ from scheduler.messages import EngineRequestParams
 
 if TYPE_CHECKING:
     from engine.prefix_cache import PrefixHint
+    from engine.response_tier import ResponseKey
 
 
 class ResponseSink(Protocol):
@@ -38,4 +39,4 @@ class EngineRequest:
     received_ns: int = 0
     scheduling_ns: int = 0  # time spent deciding about it: admission, queueing, dispatch, preemption
     prefix_hint: PrefixHint | None = None  # its prefix keys and L3 probe, started on arrival
-    response_key: str | None = None  # its exact response-cache key, hashed by the lookup on arrival
+    response_key: ResponseKey | None = None  # its exact response-cache key, from its lookup on arrival

@@ -15,7 +15,12 @@ caches cost 2.05% of throughput with a write per answer, 0.71% with this policy)
 are written at once (filling the caches is that tier's job), and so are semantic entries (a
 paraphrase is never the same prompt).
 
-The admission is decided on the caller's (engine) thread when the request's lookup hashed its key: a
+The key is hashed by the scheduler step, in its own process, and comes with the request
+(`EngineRequestParams.response_key`): for a miss this process hashes nothing. It is checked (hashed
+here) before a hit is served or an answer written: a client that calls the engine step directly can
+put any key in its request, and must not read or overwrite another prompt's or tenant's entry.
+
+The admission is decided on the caller's (engine) thread when the request's lookup has its key: a
 first sighting, most answers at a low hit rate, then costs a dict update and never wakes the writer.
 That wake-up and its GIL hand-offs were the exact cache's per-request work besides the key's hash; under
 load (H200, 0% hits, concurrency 8) all caches cost 0.6% more throughput than the KV tiers alone in five
@@ -36,13 +41,24 @@ from engine.write_behind import WriteBehind
 from scheduler.messages import EngineRequestParams
 
 
+@dataclass(frozen=True)
+class ResponseKey:
+    """A prompt's exact-cache key, and whether this process checked that it is the prompt's: a key the
+    scheduler step hashed (`EngineRequestParams.response_key`) is trusted for a miss, the common case,
+    and checked only before a hit is served or an answer written, so that a request sent to the engine
+    directly with another prompt's or tenant's key can neither read nor overwrite that entry."""
+
+    value: str
+    checked: bool
+
+
 @dataclass
 class ResponseLookup:
-    """A lookup's answer (token ids) or None, and the exact key it hashed (None: not cacheable),
-    which the request carries to `remember` so that its write does not hash the prompt again."""
+    """A lookup's answer (token ids) or None, and the exact key (None: not cacheable), which the
+    request carries to `remember` so that its write does not hash the prompt again."""
 
     tokens: list[int] | None
-    key: str | None
+    key: ResponseKey | None
 
 
 @dataclass(frozen=True)
@@ -54,7 +70,7 @@ class _Answer:
     params: EngineRequestParams
     output: list[int]
     trim: int
-    key: str | None
+    key: ResponseKey | None
     exact: bool | None
 
 
@@ -74,6 +90,9 @@ class ResponseTier:
         self._sightings: Sightings[str] = Sightings(sightings)
         self._lock = threading.Lock()  # the sightings and counters: engine and writer threads
         self.first_sightings = 0  # answers not written: their prompt was not seen before
+        self.claimed_keys = 0  # keys the scheduler step hashed, used as they came
+        self.foreign_keys = 0  # keys of another fingerprint (a scheduler configured unlike the engine)
+        self.forged_keys = 0  # keys that were not their prompt's when checked: refused
         self.request_seconds = 0.0  # lookup and remember, on the callers' threads: every request's cost
         self.semantic = semantic
         self.encode = encode
@@ -90,14 +109,40 @@ class ResponseTier:
         if not self.cache.cacheable(params):
             return ResponseLookup(None, None)
         began = time.perf_counter()
-        key = self.cache.key(prompt_ids, params)
-        text = self.cache.get(prompt_ids, params, key)
+        key = self._request_key(prompt_ids, params)
+        text = self.cache.get(prompt_ids, params, key.value)
+        if text is not None and not key.checked:
+            key, matched = self._checked(key, prompt_ids, params)
+            text = text if matched else None
         if text is None and self.semantic is not None:
             hit = self.semantic.lookup(self._prompt_text(prompt_ids), params.tenant, params)
             text = None if hit is None else hit.answer
         found = ResponseLookup(None if text is None else self.encode(text), key)
         self._spent(began)
         return found
+
+    def _request_key(self, prompt_ids: list[int], params: EngineRequestParams) -> ResponseKey:
+        """The key the scheduler step hashed when it is this model's, else hashed here."""
+        claimed = self.cache.claimed(params)
+        with self._lock:
+            if claimed is not None:
+                self.claimed_keys += 1
+            elif params.response_key:
+                self.foreign_keys += 1
+        if claimed is not None:
+            return ResponseKey(claimed, checked=False)
+        return ResponseKey(self.cache.key(prompt_ids, params), checked=True)
+
+    def _checked(
+        self, key: ResponseKey, prompt_ids: list[int], params: EngineRequestParams
+    ) -> tuple[ResponseKey, bool]:
+        """The prompt's own key, checked, and whether `key` was it (if not, it is counted as forged)."""
+        own = ResponseKey(self.cache.key(prompt_ids, params), checked=True)
+        if own.value == key.value:
+            return own, True
+        with self._lock:
+            self.forged_keys += 1
+        return own, False
 
     def _spent(self, began: float) -> None:
         elapsed = time.perf_counter() - began
@@ -113,13 +158,13 @@ class ResponseTier:
         params: EngineRequestParams,
         output: list[int],
         trim: int,
-        key: str | None = None,
+        key: ResponseKey | None = None,
     ) -> None:
         """Write the answer behind; `key`: the one the request's `lookup` returned, if any."""
         if not self.cache.cacheable(params):
             return
         began = time.perf_counter()
-        exact = None if key is None else self._admit(key, params)
+        exact = None if key is None else self._admit(key.value, params)
         if exact is not False or self.semantic is not None:  # else nothing to write: the writer sleeps on
             self._writes.submit(_Answer(prompt_ids, params, output, trim, key, exact))
         self._spent(began)
@@ -143,13 +188,17 @@ class ResponseTier:
     def _write(self, item: _Answer) -> None:
         """On the writer thread; a key its lookup did not hash is hashed here (and admitted), off the engine
         thread."""
-        key = item.key or self.cache.key(item.prompt_ids, item.params)
-        exact = self._admit(key, item.params) if item.exact is None else item.exact
+        key = item.key or ResponseKey(self.cache.key(item.prompt_ids, item.params), checked=True)
+        matched = True
+        if not key.checked:
+            key, matched = self._checked(key, item.prompt_ids, item.params)
+        exact = self._admit(key.value, item.params) if item.exact is None else item.exact
+        exact = exact and matched  # a forged key's answer is written under neither key
         if not exact and self.semantic is None:
             return
         data = self.token_bytes(item.output)
         answer = data[: len(data) - item.trim].decode("utf-8", errors="replace")
         if exact:
-            self.cache.put(item.prompt_ids, item.params, answer, key)
+            self.cache.put(item.prompt_ids, item.params, answer, key.value)
         if self.semantic is not None:
             self.semantic.store(self._prompt_text(item.prompt_ids), item.params.tenant, item.params, answer)

@@ -32,6 +32,9 @@ class EngineRequestParams:
     tenant: str = "default"
     arrival_ns: int = 0
     cache: str = "use"  # one of CACHE_MODES
+    # The exact response cache's key, hashed by the scheduler step so that the engine's process does not
+    # (cache/response_cache.py: exact_key); "" when the step did not. The engine trusts it for a miss only.
+    response_key: str = ""
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_MODES:  # the JSON from the scheduler is checked on arrival too

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from cache.response_cache import exact_key, is_deterministic
 from scheduler.messages import EngineRequestParams
 from scheduler.priority import assign
 from scheduler.tiers import TierTable
@@ -24,6 +25,10 @@ class SchedulerStep:
     encode: Callable[[str], list[int]]
     limits: Limits
     tiers: TierTable
+    # The engine's serving fingerprint when its exact response cache is on: the step then hashes each
+    # cacheable request's key here, in its own process, so that the engine's (the bottleneck under load,
+    # its Python threads sharing one GIL) does not; the engine checks a key before a hit or a write.
+    exact_fingerprint: str | None = None
 
     def prepare(
         self,
@@ -51,5 +56,7 @@ class SchedulerStep:
             now_ns=now_ns,
             cache=cache,
         )
+        if self.exact_fingerprint and params.uses_response_cache and is_deterministic(params):
+            params = replace(params, response_key=exact_key(self.exact_fingerprint, ids, params))
         priority, deadline_ns = assign(self.tiers.get(params.tier), now_ns)
         return PreparedRequest(ids, params, priority, deadline_ns)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import replace
 
-from cache.response_cache import ExactResponseCache
+from cache.response_cache import ExactResponseCache, exact_key
 from engine.cache_stats import cache_counters
-from engine.response_tier import ResponseTier
+from engine.response_tier import ResponseKey, ResponseTier
 from scheduler.messages import EngineRequestParams
 
 GREEDY = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="tier-test")
@@ -60,7 +61,7 @@ def test_the_key_a_lookup_hashed_is_the_one_the_write_uses_and_is_not_hashed_aga
     responses, exact = tier(redis_server, first_use=True)
     prompt = [3, 1, 4, 1, 5]
     found = responses.lookup(prompt, GREEDY)
-    assert found.tokens is None and found.key == exact.key(prompt, GREEDY)
+    assert found.tokens is None and found.key == ResponseKey(exact.key(prompt, GREEDY), checked=True)
     hashed = []
     real_key = exact.key
     monkeypatch.setattr(exact, "key", lambda *args: hashed.append(args) or real_key(*args))
@@ -115,3 +116,55 @@ def test_a_first_sighting_is_decided_on_the_callers_thread_and_never_wakes_the_w
     assert responses.first_sightings == 2
     spent = cache_counters(None, responses)[("exact", "request_seconds")]
     assert 0 < spent < 1, "the lookup and the three admissions are timed on the callers' threads"
+
+
+def claiming(params: EngineRequestParams, key: str) -> EngineRequestParams:
+    """`params` as the scheduler step sends them with the key it hashed (or a forger with another)."""
+    return replace(params, response_key=key)
+
+
+def test_a_key_the_scheduler_step_hashed_is_used_as_it_came_and_the_engine_hashes_nothing_on_a_miss(
+    redis_server, monkeypatch
+):
+    responses, exact = tier(redis_server, first_use=False)
+    prompt = [4, 4, 2]
+    params = claiming(GREEDY, exact_key(exact.fingerprint, prompt, GREEDY))
+    hashed = []
+    real_key = exact.key
+    monkeypatch.setattr(exact, "key", lambda *args: hashed.append(args) or real_key(*args))
+    found = responses.lookup(prompt, params)
+    responses.remember(prompt, params, [0], 0, found.key)  # a first sighting: admitted on this thread
+    assert found.tokens is None and found.key == ResponseKey(params.response_key, checked=False)
+    assert hashed == [] and responses.claimed_keys == 1
+    responses.remember(prompt, params, [0], 0, responses.lookup(prompt, params).key)
+    responses.close()
+    assert len(hashed) == 1, "the second sighting's write checked the key once, on the writer"
+    monkeypatch.undo()
+    assert exact.get(prompt, GREEDY) == "a"
+    found = responses.lookup(prompt, params)
+    assert found.tokens == [0] and found.key.checked, "a hit is served only after its key is checked"
+
+
+def test_a_forged_key_reads_and_overwrites_no_other_prompts_or_tenants_answer(redis_server):
+    responses, exact = tier(redis_server, first_use=True)
+    victim, victim_params = [7, 7, 7], replace(GREEDY, tenant="victim")
+    assert exact.put(victim, victim_params, "secret")
+    victim_key = exact.key(victim, victim_params)
+    attacker = claiming(replace(GREEDY, tenant="attacker"), victim_key)
+    found = responses.lookup([1, 2], attacker)
+    assert found.tokens is None, "another tenant's answer is never served for a forged key"
+    assert found.key == ResponseKey(exact.key([1, 2], replace(GREEDY, tenant="attacker")), checked=True)
+    responses.remember([1, 2], attacker, [3], 0, ResponseKey(victim_key, checked=False))
+    responses.close()
+    assert exact.get(victim, victim_params) == "secret", "nor is it overwritten"
+    assert responses.forged_keys == 2 and cache_counters(None, responses)[("exact", "forged_keys")] == 2
+
+
+def test_a_key_of_another_fingerprint_is_not_used_and_is_counted(redis_server):
+    responses, exact = tier(redis_server, first_use=True)
+    prompt = [5, 5]
+    foreign = claiming(GREEDY, exact_key("another-model", prompt, GREEDY))
+    found = responses.lookup(prompt, foreign)
+    assert found.key == ResponseKey(exact.key(prompt, GREEDY), checked=True)
+    assert responses.foreign_keys == 1 and responses.claimed_keys == 0
+    responses.close()

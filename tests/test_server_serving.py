@@ -262,6 +262,74 @@ def test_a_kv_only_request_reuses_the_prefix_but_is_never_answered_from_the_resp
     assert ordinary.text == kv_only.text and counters()[0] == cached, "a kv-only request kept its response"
 
 
+def engine_tokens(grpc_url: str, prompt_ids: list[int], params: dict) -> list[int]:
+    """A request sent to the engine step directly, as a client could, bypassing the scheduler step."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    results: queue.Queue = queue.Queue()
+    raw = np.frombuffer(json.dumps(params).encode(), dtype=np.uint8)
+    inputs = []
+    tensors = (
+        ("input_ids", np.array(prompt_ids, dtype=np.int64), "INT64"),
+        ("request_params", raw, "UINT8"),
+        ("priority", np.array([3], np.int32), "INT32"),
+        ("deadline_ns", np.array([0], np.int64), "INT64"),
+    )
+    for name, value, dtype in tensors:
+        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("llm_engine", inputs)
+        tokens: list[int] = []
+        while True:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            tokens = result.as_numpy("token_ids").tolist()  # not streamed: the final window holds them all
+            if result.as_numpy("is_final")[0]:
+                return tokens
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_key_forged_in_a_direct_engine_request_reads_no_other_tenants_answer(
+    grpc_url, metrics_url, redis_url
+):
+    """Keys come hashed from the scheduler step; the engine checks one before serving its entry."""
+    import redis
+
+    from cache.response_cache import tenant_tag
+
+    prompt, sampling = (
+        "Forged key probe: a question only the victim asked",
+        {"max_tokens": 6, "ignore_eos": True},
+    )
+    first = generate(grpc_url, prompt, sampling=sampling, tenant="victim")
+    assert wait_for(
+        lambda: (
+            generate(grpc_url, prompt, sampling=sampling, tenant="victim").text == first.text
+            and engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached") > 0
+        )
+    )
+    store = redis.Redis.from_url(redis_url)
+    (victim_key,) = [k.decode() for k in store.scan_iter(f"llm:resp:exact:v2:*:{tenant_tag('victim')}:*")]
+    params = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True, "tenant": "attacker",
+              "exclude_input_in_output": True}  # fmt: skip
+    honest = engine_tokens(grpc_url, [1, 200, 300, 400], params)
+    cached_before = engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
+    forged = engine_tokens(grpc_url, [1, 200, 300, 400], {**params, "response_key": victim_key})
+    assert forged == honest, "the forged key changed the answer"
+    assert engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached") == cached_before
+
+    def counted() -> bool:  # cache counters are published about once a second while serving
+        generate(grpc_url, "forged key flush", sampling={"max_tokens": 1}, tenant="attacker-flush")
+        return engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="forged_keys") >= 1
+
+    assert wait_for(counted)
+    assert generate(grpc_url, prompt, sampling=sampling, tenant="victim").text == first.text
+
+
 def test_long_prompts_that_share_a_prefix_reuse_its_tokenization(grpc_url, metrics_url):
     shared = "The quick brown fox jumps over the lazy dog near the river bank. " * 40  # > 2048 chars
     sampling = {"max_tokens": 4, "ignore_eos": True}
@@ -291,6 +359,9 @@ def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
     # its answer was written on the prompt's second sighting, not its first
     assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="first_sightings") >= 1
     assert engine_metric(metrics_url, "llm_engine_cache_state", tier="exact", gauge="directory_synced") == 1
+    # the scheduler step hashed the keys, with the engine's fingerprint: the engine used them as they came
+    assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="claimed_keys") >= 1
+    assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="foreign_keys") == 0
     assert engine_metric(metrics_url, "llm_engine_cache_state", tier="exact", gauge="directory_keys") >= 1
     assert engine_metric(metrics_url, "llm_engine_cache_state", tier="l1", gauge="blocks") >= 1
 

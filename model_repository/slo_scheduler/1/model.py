@@ -9,6 +9,8 @@ import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
 
 from adapters.scheduler_metrics import PrefixTokenizerMetrics
+from cache.fingerprint import model_max_len, serving_fingerprint
+from engine.config import parse_bool
 from adapters.triton_common import (
     error_response,
     log_event,
@@ -39,7 +41,12 @@ class TritonPythonModel:
         model_dir = Path(params["model_dir"])
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         tiers = TierTable.load(params["tiers_file"]) if params.get("tiers_file") else TierTable.defaults()
-        max_prompt = int(params.get("max_seq_len", "2048")) - 1
+        max_seq_len = int(params.get("max_seq_len", "2048"))
+        max_prompt = max_seq_len - 1
+        exact_fingerprint = None
+        if parse_bool("response_cache", params.get("response_cache", "true")):  # the engine's, same default
+            max_len = model_max_len(model_dir, max_seq_len)
+            exact_fingerprint = serving_fingerprint(model_dir, max_len, params.get("dtype", "float32"))
         self.encoder = PrefixTokenizer(tokenizer)
         self.encoder.warm()
         self._reported_off = False
@@ -50,6 +57,7 @@ class TritonPythonModel:
                 max_prompt_tokens=max_prompt, max_new_tokens=int(params.get("max_new_tokens", "512"))
             ),
             tiers=tiers.for_device(params.get("device", "cpu")),
+            exact_fingerprint=exact_fingerprint,
         )
         warm_s = warm_handler(
             self._one,
@@ -66,6 +74,7 @@ class TritonPythonModel:
             "scheduler_ready",
             tiers=list(self.step.tiers.names),
             max_prompt_tokens=max_prompt,
+            hashes_exact_keys=exact_fingerprint is not None,
             self_warmup_ms=round(warm_s * 1000, 2),
         )
 
