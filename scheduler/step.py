@@ -1,4 +1,5 @@
-"""The scheduler step's logic: validate, tokenize, classify the tier, set priority and deadline."""
+"""The scheduler step's logic: validate, tokenize, classify the tier, set priority and deadline, and
+hash the exact response-cache key."""
 
 from __future__ import annotations
 
