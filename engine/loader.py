@@ -180,7 +180,12 @@ def build_response_tier(
         return tokenizer.encode(text, add_special_tokens=False).ids
 
     return ResponseTier(
-        cache, encode, decoder.raw_bytes, semantic=semantic, first_use=config.response_cache_first_use
+        cache,
+        encode,
+        decoder.raw_bytes,
+        semantic=semantic,
+        first_use=config.response_cache_first_use,
+        log=log,
     )
 
 

@@ -81,8 +81,10 @@ class ResponseTier:
         semantic: SemanticResponseCache | None = None,
         first_use: bool = True,
         sightings: int = 65536,
+        log: Callable[[str], None] = lambda message: None,
     ):
         self.cache = cache
+        self._log = log
         self.first_use = first_use
         self._sightings: Sightings[str] = Sightings(sightings)
         self._lock = threading.Lock()  # the sightings and counters: engine and writer threads
@@ -122,10 +124,17 @@ class ResponseTier:
         """The key the scheduler step hashed when it is this model's, else hashed here."""
         claimed = self.cache.claimed(params)
         with self._lock:
+            first_foreign = claimed is None and bool(params.response_key) and self.foreign_keys == 0
             if claimed is not None:
                 self.claimed_keys += 1
             elif params.response_key:
                 self.foreign_keys += 1
+        if first_foreign:  # once: every key will be, until the scheduler step is configured like the engine
+            self._log(
+                f"exact response key {params.response_key[:60]!r} is not under this engine's namespace "
+                f"{self.cache.namespace!r}: set the scheduler step's dtype, max_seq_len and response_cache "
+                "parameters as the engine's; the engine hashes every key itself meanwhile"
+            )
         if claimed is not None:
             return ResponseKey(claimed, checked=False)
         return ResponseKey(self.cache.key(prompt_ids, params), checked=True)

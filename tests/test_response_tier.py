@@ -160,11 +160,15 @@ def test_a_forged_key_reads_and_overwrites_no_other_prompts_or_tenants_answer(re
     assert responses.forged_keys == 2 and cache_counters(None, responses)[("exact", "forged_keys")] == 2
 
 
-def test_a_key_of_another_fingerprint_is_not_used_and_is_counted(redis_server):
-    responses, exact = tier(redis_server, first_use=True)
+def test_a_key_of_another_fingerprint_is_not_used_is_counted_and_logged_once(redis_server):
+    exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    logged: list[str] = []
+    responses = ResponseTier(exact, lambda text: [0], letters, log=logged.append)
     prompt = [5, 5]
     foreign = claiming(GREEDY, exact_key("another-model", prompt, GREEDY))
-    found = responses.lookup(prompt, foreign)
+    for _ in range(3):
+        found = responses.lookup(prompt, foreign)
     assert found.key == ResponseKey(exact.key(prompt, GREEDY), checked=True)
-    assert responses.foreign_keys == 1 and responses.claimed_keys == 0
+    assert responses.foreign_keys == 3 and responses.claimed_keys == 0
+    assert len(logged) == 1 and "scheduler step's dtype, max_seq_len and response_cache" in logged[0]
     responses.close()
