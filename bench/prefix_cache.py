@@ -252,13 +252,19 @@ class ThroughputRun:
         return [(r[arm], r["bypass"]) for r in self.rounds]
 
 
+def round_order(index: int, count: int) -> list[int]:
+    """Round `index`'s order of `count` modes: a rotation, reversed on every other pass through the
+    rotations, so that each mode runs in each position and right after each other mode equally often
+    (three modes: all six orders every six rounds). Rotations alone always ran `use` after `bypass`."""
+    order = [(index + k) % count for k in range(count)]
+    return order[::-1] if (index // count) % 2 else order
+
+
 def interleaved(rate: Rate, texts: list[str], modes: tuple[str, ...], rounds: int):
-    """The rate of each of `modes` per round, in the order of `modes`; one turn each, the order rotating
-    every round (with two modes, a flip) so that no mode always runs first or after the same one."""
+    """The rate of each of `modes` per round, in the order of `modes`; one turn each, in `round_order`."""
     out = []
     for index in range(rounds):
-        order = [(index + k) % len(modes) for k in range(len(modes))]
-        rates = {k: rate(texts, modes[k]) for k in order}
+        rates = {k: rate(texts, modes[k]) for k in round_order(index, len(modes))}
         out.append(tuple(rates[k] for k in range(len(modes))))
     return out
 
