@@ -72,6 +72,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="requests per turn of the run under load (default: 3 x the concurrency: 3 waves a turn)",
     )  # fmt: skip
     parser.add_argument(
+        "--load-rounds", type=int, default=None,
+        help="rounds of the run under load (default: --throughput-rounds); with few rounds one at a time, "
+        "a GPU call spends its time where the cost is least settled",
+    )  # fmt: skip
+    parser.add_argument(
+        "--load-control-rounds", type=int, default=None,
+        help="A/A rounds under load (default: --control-rounds)",
+    )  # fmt: skip
+    parser.add_argument(
         "--throughput-only",
         action="store_true",
         help="run (b) only; writes prefix-cache-throughput-<tag>.json/.md/.png",
@@ -269,13 +278,16 @@ def interleaved(rate: Rate, texts: list[str], modes: tuple[str, ...], rounds: in
     return out
 
 
-def measure(args, stack, probe: TtftProbe, rate: Rate, texts: list[str], label: str) -> ThroughputRun:
-    """Interleaved rounds of ARMS, the server's prefix-cache timers around them, then the A/A rounds."""
+def measure(
+    stack, probe: TtftProbe, rate: Rate, texts: list[str], label: str, rounds: tuple[int, int]
+) -> ThroughputRun:
+    """Interleaved rounds of ARMS, the server's prefix-cache timers around them, then the A/A rounds;
+    `rounds`: (of the arms, of the A/A control)."""
     flush = texts[0][:40]
     before = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
-    rates = interleaved(rate, texts, ARMS, args.throughput_rounds)
+    rates = interleaved(rate, texts, ARMS, rounds[0])
     after = cache_totals(stack.metrics_url, probe, flush, BOOKKEEPING)
-    control = interleaved(rate, texts, ("bypass", "bypass"), args.control_rounds)
+    control = interleaved(rate, texts, ("bypass", "bypass"), rounds[1])
     rounds = [dict(zip(ARMS, r)) for r in rates]
     medians = ", ".join(f"{arm} {median([r[arm] for r in rounds]):.2f}/s" for arm in ARMS)
     progress(f"(b) {label}, {len(rounds)} rounds: {medians} (medians)")
@@ -303,7 +315,8 @@ def throughput(
         probe = TtftProbe(stack.grpc_url)
         try:
             requests_per_s(probe, prompts_text[:4])  # fill the pool's first blocks, warm the path
-            run = measure(args, stack, probe, partial(requests_per_s, probe), prompts_text, "one at a time")
+            single = (args.throughput_rounds, args.control_rounds)
+            run = measure(stack, probe, partial(requests_per_s, probe), prompts_text, "one at a time", single)
             if concurrency <= 1:
                 return run, None
             progress(f"(b) under load: {concurrency} clients, {len(concurrent_text)} requests a turn")
@@ -311,7 +324,9 @@ def throughput(
             try:
                 sender.requests_per_s(concurrent_text[: 2 * concurrency])  # warm the batched path
                 label = f"at concurrency {concurrency}"
-                return run, measure(args, stack, probe, sender.requests_per_s, concurrent_text, label)
+                load_rounds = (args.load_rounds or args.throughput_rounds,
+                               args.load_control_rounds or args.control_rounds)  # fmt: skip
+                return run, measure(stack, probe, sender.requests_per_s, concurrent_text, label, load_rounds)
             finally:
                 sender.close()
         finally:
@@ -466,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             f"stream, send their next request as soon as the last one finished (closed loop; the engine "
             f"batches up to its max_batch_size), {per_turn} requests of 256 tokens per arm per turn, "
             f"max_tokens={THROUGHPUT_MAX_TOKENS}, every request its own tenant; requests/s = requests "
-            f"completed / the turn's wall time; the same arms, rotation and A/A control, after the rounds "
+            f"completed / the turn's wall time; the same arms, orders and A/A control, after the rounds "
             f"above on the same server\n{table_loaded}\n\nthroughput cost at 0% hits against bypassed "
             f"requests under load, {loaded_costs}\n\nThe server's timers over the rounds under load:\n"
             f"{timers_loaded}"
@@ -479,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(b)\n{table_b}\n\n"
         f"throughput cost at 0% hits against requests that bypass every cache (`cache=bypass`), "
         f"interleaved on one server: {costs} (medians over {len(run.rounds)} rounds of "
-        f"{args.throughput_requests} requests per arm, the order of the three arms rotating every round). "
+        f"{args.throughput_requests} requests per arm, the three arms in every order in turn). "
         f"`use` requests look up and store their prefix and, being greedy, look up their answer in the "
         f"exact response cache and note it (it is written on its prompt's second sighting, never here); "
         f"`kv-only` requests do only the former: the KV prefix tiers' own cost. The A/A row is the "

@@ -5,6 +5,7 @@
 #   bash scripts/gpu/runs.sh prefix     # bench.prefix_cache, one-server (b) with its A/A control
 #   bash scripts/gpu/runs.sh prefix-b   # bench.prefix_cache's (b) alone, 30 rounds each way (~400 s);
 #                                       # pool several with python -m bench.prefix_cache_pool (here)
+#   bash scripts/gpu/runs.sh prefix-load # (b) under load: 45 rounds (+15 A/A), 4 one at a time (~420 s)
 #   bash scripts/gpu/runs.sh warmup     # bench.warmup (cold / v1 / planned)
 # Results land in $OUT (the device tool's output folder); copy them to bench/results/.
 set -uo pipefail
@@ -20,8 +21,11 @@ case "${1:-}" in
   prefix-b) python3 -m bench.prefix_cache $GPU_ARGS --throughput-only --throughput-rounds 30 \
     --control-rounds 15 --throughput-concurrent-requests 96 2>&1 | grep -v "Loading weights" |
     grep "|\|^- \|median" ;;
+  prefix-load) python3 -m bench.prefix_cache $GPU_ARGS --throughput-only --throughput-rounds 4 \
+    --control-rounds 2 --load-rounds 45 --load-control-rounds 15 --throughput-concurrent-requests 96 2>&1 |
+    grep -v "Loading weights" | grep "|\|^- \|median" ;;
   warmup) python3 -m bench.warmup $GPU_ARGS --median-tokens 300 --sigma 1.2 2>&1 |
     grep -v "Loading weights" | grep "|\|^- \|prompt lengths" ;;
-  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|prefix-b|warmup" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|prefix-b|prefix-load|warmup" >&2; exit 2 ;;
 esac
 echo "[gpu] $1: $(( $(date +%s) - t0 )) s"
