@@ -300,7 +300,7 @@ def throughput(
     args, model_dir: Path, prompts_text: list[str], concurrent_text: list[str]
 ) -> tuple[ThroughputRun, ThroughputRun | None]:
     """Requests/s of each arm (ARMS) per round on ONE server, in short interleaved turns
-    (`--throughput-requests` each, the order rotating every round): bypassed requests read and write no
+    (`--throughput-requests` each, in `round_order`): bypassed requests read and write no
     cache tier, so use vs bypass is the caches' whole cost per request and kv-only vs bypass the KV
     prefix tiers' alone (kv-only skips the response caches: no lookup, no answer noted or written). Two
     servers (one without a cache) were biased: an A/A run of that design, both servers without a cache,
