@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import triton_python_backend_utils as pb_utils
 
+from adapters.stub_messages import SerializedMetric
 from engine.observer import EngineObserver
 from engine.warmup import WarmupReport
 from scheduler.tiers import TierTable
@@ -24,8 +27,9 @@ WARMED_SHAPE_STAGES = ("prefill_buckets", "prefill_graphs", "decode_kv_buckets")
 
 
 class TritonEngineObserver(EngineObserver):
-    def __init__(self, model: str):
+    def __init__(self, model: str, lock: threading.Lock):
         self.model = model
+        self._lock = lock  # the process's message lock (adapters/stub_messages.py)
         family = pb_utils.MetricFamily
         self.steps = family("llm_engine_steps_total", "Engine forward steps by kind", family.COUNTER)
         self.step_requests = family(
@@ -115,7 +119,7 @@ class TritonEngineObserver(EngineObserver):
             family.HISTOGRAM,
         )
         # Families are attributes on purpose: the backend rejects a Metric whose family was collected.
-        self._metrics: dict[tuple, object] = {}
+        self._metrics: dict[tuple, SerializedMetric] = {}
         self._batch_max = 0
         self._load = (-1, -1, -1)
         self.kv_bytes_per_token = 0
@@ -145,10 +149,17 @@ class TritonEngineObserver(EngineObserver):
         return {"model": self.model, **extra}
 
     def _metric(self, family, **labels: str):
-        key = (id(family), tuple(sorted(labels.items())))
-        if key not in self._metrics:
-            self._metrics[key] = family.Metric(labels=self._labels(**labels))
-        return self._metrics[key]
+        return self._series(family, tuple(sorted(labels.items())), labels=self._labels(**labels))
+
+    def _series(self, family, label_key: tuple, **create) -> SerializedMetric:
+        key = (id(family), label_key)
+        found = self._metrics.get(key)
+        if found is None:
+            with self._lock:
+                found = self._metrics.get(key)
+                if found is None:
+                    found = self._metrics[key] = SerializedMetric(family.Metric(**create), self._lock)
+        return found
 
     def on_step(self, kind: str, batch: int, seconds: float) -> None:
         self._metric(self.steps, kind=kind).increment(1)
@@ -209,10 +220,7 @@ class TritonEngineObserver(EngineObserver):
 
     def _histogram(self, tier: str, family=None, buckets: list[float] = TTFT_BUCKETS):
         family = family or self.ttft_hist
-        key = (id(family), (("tier", tier),))
-        if key not in self._metrics:
-            self._metrics[key] = family.Metric(labels=self._labels(tier=tier), buckets=buckets)
-        return self._metrics[key]
+        return self._series(family, (("tier", tier),), labels=self._labels(tier=tier), buckets=buckets)
 
     def record_warmup(self, report: WarmupReport, kv_bytes: int, kv_bytes_per_token: int) -> None:
         self.kv_bytes_per_token = kv_bytes_per_token

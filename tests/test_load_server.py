@@ -10,7 +10,7 @@ import signal
 import subprocess
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -134,6 +134,21 @@ def test_open_loop_run_completes_with_plausible_latencies(
         records, {"critical": 60_000.0, "warmup": 60_000.0, "standard": 60_000.0, "batch": 60_000.0}
     )
     assert rows[-1].tier == "all" and rows[-1].ok == 20 and rows[-1].attainment == 1.0
+
+
+def test_a_burst_of_cache_hits_from_many_streams_is_served(
+    grpc_url: str, metrics_url: str, tiny_plan: list[PlannedRequest]
+) -> None:
+    """300 requests at 120/s, the plan's 20 prompts again and again (mostly exact-cache hits, answered on
+    Triton's execute thread while the engine loop runs): before the engine process sent its metric
+    messages one at a time, this crashed the server in about one start in six (adapters/stub_messages.py)."""
+    times = arrival_times("poisson", 120.0, count=300, seed=7)
+    burst = [replace(tiny_plan[i % len(tiny_plan)], at_s=float(t)) for i, t in enumerate(times)]
+    before = metric_total(scrape_metrics(metrics_url), "llm_engine_requests_finished_total", status="cached")
+    records = run_load(grpc_url, burst, timeout_s=60.0)
+    assert [(r.outcome, r.error) for r in records if r.outcome != "ok"] == []
+    cached = metric_total(scrape_metrics(metrics_url), "llm_engine_requests_finished_total", status="cached")
+    assert cached - before >= 150  # the burst was mostly hits, the case that crashed
 
 
 def _perf_analyzer() -> tuple[str, str] | None:

@@ -10,6 +10,7 @@ import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from adapters.engine_metrics import TritonEngineObserver
+from adapters.stub_messages import serialized
 from adapters.triton_common import log_event, model_parameters, triton_error
 from engine.cancel_mailbox import CancelMailbox
 from engine.cancel_poll import ENGINE_CANCEL_POLL_S, PollSchedule, ThrottledCancelCheck
@@ -34,12 +35,14 @@ def _input(request, name):
 class TritonSink:
     """Sends one request's windows through its decoupled response sender (from the engine thread)."""
 
-    def __init__(self, request, key):
+    def __init__(self, request, key, messages):
         self.key = key
         self.request = request
         self.sender = request.get_response_sender()
         polls = PollSchedule(interval_s=ENGINE_CANCEL_POLL_S, limit=1)
-        self.cancel_check = ThrottledCancelCheck(request.is_cancelled, polls, tuple(key))
+        self.cancel_check = ThrottledCancelCheck(
+            serialized(request.is_cancelled, messages), polls, tuple(key)
+        )
         self.lock = threading.Lock()
         self.closed = False
 
@@ -75,7 +78,8 @@ class TritonPythonModel:
         if params.get("prefill_templates") and not os.path.isabs(params["prefill_templates"]):
             params["prefill_templates"] = os.path.join(args["model_repository"], params["prefill_templates"])
         self.config = EngineConfig.from_parameters(params)
-        observer = TritonEngineObserver(model=args["model_name"])
+        self.messages = threading.Lock()  # this process's messages to the server: one at a time
+        observer = TritonEngineObserver(args["model_name"], self.messages)
         self.namespace = os.getpid()
         mailbox = CancelMailbox(self.config.cancel_dir)
         mailbox.open_inbox(self.namespace)
@@ -83,19 +87,24 @@ class TritonPythonModel:
         loaded = load_engine(
             self.config,
             observer,
-            log=pb_utils.Logger.log_info,
+            log=serialized(pb_utils.Logger.log_info, self.messages),
             cancelled_elsewhere=lambda: mailbox.collect(self.namespace),
             model_name=args["model_name"],
             model_version=str(args.get("model_version", "")),
         )
         self.engine = loaded.engine
         observer.record_warmup(loaded.report, loaded.kv_bytes, self.engine.runner.kv_bytes_per_token)
-        log_event("warmup_report", load_seconds=round(loaded.load_seconds, 3), report=asdict(loaded.report))
+        log_event(
+            "warmup_report",
+            self.messages,
+            load_seconds=round(loaded.load_seconds, 3),
+            report=asdict(loaded.report),
+        )
 
     def execute(self, requests):
         for request in requests:
             key = next(self.keys)
-            sink = TritonSink(request, [self.namespace, key])
+            sink = TritonSink(request, [self.namespace, key], self.messages)
             try:
                 params = EngineRequestParams.from_bytes(bytes(_input(request, "request_params").tolist()))
                 self.engine.submit(
@@ -116,4 +125,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.shutdown(self.config.drain_timeout_s)
-        log_event("engine_stopped", stats=self.engine.stats.finished)
+        log_event("engine_stopped", self.messages, stats=self.engine.stats.finished)
