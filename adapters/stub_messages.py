@@ -12,8 +12,10 @@ microseconds, so waiting for another thread's costs about as much.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -40,10 +42,23 @@ class SerializedMetric:
 
 
 def serialized(send: Callable[..., T], lock: threading.Lock) -> Callable[..., T]:
-    """`send` (a pb_utils.Logger method, a request's is_cancelled) under the process's message lock."""
+    """`send` (a request's is_cancelled, say) under the process's message lock."""
 
     def send_locked(*args) -> T:
         with lock:
             return send(*args)
 
     return send_locked
+
+
+def serialized_log(log: Callable[[str], None], lock: threading.Lock) -> Callable[[str], None]:
+    """A pb_utils.Logger method under the lock. The server's log names the Python frame that called the
+    logger, which is now this wrapper, so the line carries its caller's file and line itself."""
+
+    def log_locked(message: str) -> None:
+        caller = sys._getframe(1)
+        where = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"
+        with lock:
+            log(f"[{where}] {message}")
+
+    return log_locked

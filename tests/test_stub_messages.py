@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from adapters.stub_messages import SerializedMetric, serialized
+from adapters.stub_messages import SerializedMetric, serialized, serialized_log
 
 
 class InFlight:
@@ -57,12 +57,18 @@ def test_the_recorder_sees_unserialized_messages_overlap() -> None:
 def test_serialized_metrics_logs_and_cancel_checks_never_overlap() -> None:
     wire, lock = InFlight(), threading.Lock()
     metric = SerializedMetric(FakeMetric(wire), lock)
-    log = serialized(wire.send, lock)
+    log = serialized_log(wire.send, lock)
     is_cancelled = serialized(lambda: wire.send() or False, lock)
     hammer([lambda: metric.increment(1.0), lambda: metric.set(2.0), lambda: metric.observe(0.1),
             lambda: log("line"), is_cancelled])  # fmt: skip
     assert wire.messages == 5 * 40 and wire.overlaps == 0
     assert serialized(lambda x: x + 1, lock)(1) == 2  # the wrapped call's result comes back
+
+
+def test_a_serialized_log_line_names_its_caller() -> None:
+    lines: list[str] = []
+    serialized_log(lines.append, threading.Lock())("L3 KV cache off")
+    assert lines == [f"[test_stub_messages.py:{sys._getframe().f_lineno - 1}] L3 KV cache off"]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from adapters.engine_metrics import TritonEngineObserver
-from adapters.stub_messages import serialized
+from adapters.stub_messages import serialized, serialized_log
 from adapters.triton_common import log_event, model_parameters, triton_error
 from engine.cancel_mailbox import CancelMailbox
 from engine.cancel_poll import ENGINE_CANCEL_POLL_S, PollSchedule, ThrottledCancelCheck
@@ -87,7 +87,7 @@ class TritonPythonModel:
         loaded = load_engine(
             self.config,
             observer,
-            log=serialized(pb_utils.Logger.log_info, self.messages),
+            log=serialized_log(pb_utils.Logger.log_info, self.messages),
             cancelled_elsewhere=lambda: mailbox.collect(self.namespace),
             model_name=args["model_name"],
             model_version=str(args.get("model_version", "")),
