@@ -9,12 +9,17 @@ from adapters.triton_common import (
     error_response,
     log_event,
     model_parameters,
-    triton_error,
     warm_handler,
 )
 from engine.cancel_mailbox import CancelMailbox
 from engine.cancel_poll import PollSchedule
 from engine.detokenize import TokenDecoder
+
+
+def _text_response(piece: str):
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor("text_output", np.array([piece], dtype=np.object_))]
+    )
 
 
 def _values(request, name):
@@ -51,17 +56,16 @@ class TritonPythonModel:
                 self.polls.forget((namespace, key))
             elif not local and self.polls.due((namespace, key)) and request.is_cancelled():
                 self.mailbox.post(namespace, key)
-                return pb_utils.InferenceResponse(
-                    error=triton_error("CANCELLED", "the client cancelled this request")
-                )
+                # Not an error response: in Triton 2.51 a step's error on a cancelled ensemble request
+                # leaks that request (counted in flight forever; shutdown then waits its whole exit
+                # timeout). The client is gone and reads nothing either way.
+                return _text_response("")
             piece = self.decoder.delta(
                 _values(request, "token_ids").tolist(),
                 int(_values(request, "read_offset")[0]),
                 final,
                 int(_values(request, "trim_bytes")[0]),
             )
-            return pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("text_output", np.array([piece], dtype=np.object_))]
-            )
+            return _text_response(piece)
         except Exception as exc:
             return error_response(exc)

@@ -59,6 +59,9 @@ class TritonSink:
         self._send(response, FINAL if final else 0)
 
     def fail(self, code, message):
+        if code == "CANCELLED":  # the client is gone; an error here would leak the ensemble request
+            self.send([], 0, True, 0)  # (see the detokenizer), so the request ends with an empty window
+            return
         self._send(pb_utils.InferenceResponse(error=triton_error(code, message)), FINAL)
 
     def cancelled(self):
