@@ -44,6 +44,8 @@ TEXT_MODELS = ("slo_scheduler", "detokenizer")  # BYTES-tensor steps: need a num
 ENGINE_MODEL = "llm_engine"
 PRIME_MODEL = "llm"
 STACK_FILE = "stack.json"
+DRAIN_FILE = "draining"  # scheduler/drain.py
+BUSY_METRICS = ("llm_engine_queue_depth", "llm_engine_active_requests", "nv_inference_pending_request_count")
 LOG_TAIL_LINES = 60
 
 
@@ -345,8 +347,38 @@ class Stack:
             create_times={k: float(v) for k, v in data.get("create_times", {}).items()},
         )
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM tritonserver (it unloads models), then Redis; SIGKILL whatever outlives the timeout."""
+    @property
+    def drain_file(self) -> Path:
+        """The marker that makes the scheduler step refuse new requests (scheduler/drain.py)."""
+        return self.run_dir / DRAIN_FILE
+
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Refuse new requests and wait until the engine holds none; True once idle. SIGTERM with streams
+        in flight would cut them off, so `stop` drains first."""
+        self.drain_file.touch()
+        deadline = time.monotonic() + timeout_s
+        idle_scrapes = 0
+        while True:
+            try:
+                with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
+                    text = resp.read().decode("utf-8", "replace")
+            except (OSError, ValueError):
+                return False  # no server to drain
+            # idle on 3 scrapes in a row: a stream's last windows pass between the engine and the
+            # detokenizer, where for a moment nothing may be counted
+            idle_scrapes = 0 if any(_busy(line) for line in text.splitlines()) else idle_scrapes + 1
+            if idle_scrapes >= 3:
+                return True
+            if time.monotonic() >= deadline:
+                log(f"drain: requests still in flight after {timeout_s:g} s; stopping anyway")
+                return False
+            time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 30.0, drain_timeout_s: float = 30.0) -> None:
+        """Drain (see `drain`), then SIGTERM tritonserver (it unloads models), then Redis; SIGKILL
+        whatever outlives the timeout."""
+        if drain_timeout_s > 0 and "tritonserver" in self.pids:
+            self.drain(drain_timeout_s)
         for name in ("tritonserver", "redis"):
             if name in self.pids:
                 _terminate(
@@ -359,6 +391,7 @@ class Stack:
                     path.unlink()
             except (OSError, ValueError):
                 pass
+        self.drain_file.unlink(missing_ok=True)
 
     def __enter__(self) -> Stack:
         return self
@@ -393,6 +426,18 @@ def _create_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except Exception:
         return None
+
+
+def _busy(metrics_line: str) -> bool:
+    """A Prometheus line above zero of the engine's queue or slots, or of requests Triton holds for a
+    step (a stream's windows wait there for the detokenizer after the engine has finished)."""
+    name, _, value = metrics_line.rpartition(" ")
+    if not name.startswith(BUSY_METRICS):
+        return False
+    try:
+        return float(value) > 0
+    except ValueError:
+        return False
 
 
 def _terminate(
@@ -619,6 +664,8 @@ def start_stack(opts: StackOptions) -> Stack:
         env["PYTHONPATH"] = ":".join(p for p in (str(repo_root), env.get("PYTHONPATH", "")) if p)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env["LLM_DRAIN_FILE"] = str(run_dir / DRAIN_FILE)  # per stack: a stop drains this one only
+        (run_dir / DRAIN_FILE).unlink(missing_ok=True)  # a stale marker would refuse every request
         env.update(opts.extra_env)
         if opts.repo_pth:
             stub_python = shutil.which("python3", path=env.get("PATH"))

@@ -18,6 +18,7 @@ from adapters.triton_common import (
     request_parameters,
     warm_handler,
 )
+from scheduler.drain import DrainSwitch
 from scheduler.step import SchedulerStep
 from scheduler.tiers import TierTable
 from scheduler.tokenize import PrefixTokenizer
@@ -51,6 +52,7 @@ class TritonPythonModel:
         self.encoder.warm()
         self._reported_off = False
         self.tokenizer_metrics = PrefixTokenizerMetrics(args["model_name"])
+        self.drain = DrainSwitch(params["drain_file"]) if params.get("drain_file") else None
         self.step = SchedulerStep(
             encode=self.encoder,
             limits=Limits(
@@ -89,6 +91,8 @@ class TritonPythonModel:
 
     def _one(self, request, local=False):
         try:
+            if self.drain is not None and not local:
+                self.drain.admit()
             extra = request_parameters(request)
             prepared = self.step.prepare(
                 text=_optional(request, "text_input"),
