@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from conftest import parse_metrics
-from deploy.launch import _parse_param, find_free_port, get_parameters, render_repository, set_parameters
+from deploy.launch import (
+    _busy,
+    _parse_param,
+    find_free_port,
+    get_parameters,
+    render_repository,
+    set_parameters,
+)
 
 ENGINE_CFG = """# the engine # parameters { key: "commented" }
 name: "llm_engine"
@@ -173,3 +180,11 @@ def test_warmup_off_strips_model_warmup_blocks(tmp_path):
     assert all("model_warmup" not in p.read_text() for p in out.glob("*/config.pbtxt"))
     kept = render_repository(REPO_ROOT / "model_repository", tmp_path / "repo2")
     assert "model_warmup" in (kept / "llm_engine" / "config.pbtxt").read_text()
+
+
+def test_a_drain_waits_on_the_engine_and_on_requests_triton_holds_for_a_step():
+    assert _busy('llm_engine_active_requests{model="llm_engine"} 1')
+    assert _busy('nv_inference_pending_request_count{model="detokenizer",version="1"} 3')
+    assert not _busy('llm_engine_queue_depth{model="llm_engine"} 0')
+    assert not _busy('llm_engine_steps_total{model="llm_engine",kind="decode"} 812')  # not a load gauge
+    assert not _busy("# HELP llm_engine_active_requests Requests holding a slot")
