@@ -65,7 +65,9 @@ class TritonSink:
         self._send(pb_utils.InferenceResponse(error=triton_error(code, message)), FINAL)
 
     def cancelled(self):
-        return self.cancel_check()
+        # never ask after the final response: Triton has released the request by then, and an ask for
+        # it crashed tritonserver (seen with a probe thread that outlived its requests)
+        return not self.closed and self.cancel_check()
 
     def _send(self, response, flags):
         with self.lock:
