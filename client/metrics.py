@@ -41,6 +41,20 @@ def metric_total(metrics: dict[str, float], name: str, **labels: str) -> float:
     return total
 
 
+# What the server holds in flight: the engine's queue and slots, and requests Triton holds for a step (a
+# stream's last windows wait there for the detokenizer after the engine has finished).
+IN_FLIGHT_METRICS = (
+    "llm_engine_queue_depth",
+    "llm_engine_active_requests",
+    "nv_inference_pending_request_count",
+)
+
+
+def holds_requests(metrics: dict[str, float]) -> bool:
+    """Whether a scrape shows any request still in flight (IN_FLIGHT_METRICS)."""
+    return any(metric_total(metrics, name) > 0 for name in IN_FLIGHT_METRICS)
+
+
 def histogram_delta(before: dict[str, float], after: dict[str, float], name: str) -> dict[float, float]:
     """Cumulative bucket counts {le: count} observed between two scrapes, summed over label sets."""
     buckets: dict[float, float] = {}

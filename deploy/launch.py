@@ -45,7 +45,6 @@ ENGINE_MODEL = "llm_engine"
 PRIME_MODEL = "llm"
 STACK_FILE = "stack.json"
 DRAIN_FILE = "draining"  # scheduler/drain.py
-BUSY_METRICS = ("llm_engine_queue_depth", "llm_engine_active_requests", "nv_inference_pending_request_count")
 LOG_TAIL_LINES = 60
 
 
@@ -355,18 +354,19 @@ class Stack:
     def drain(self, timeout_s: float = 30.0) -> bool:
         """Refuse new requests and wait until the engine holds none; True once idle. SIGTERM with streams
         in flight would cut them off, so `stop` drains first."""
+        from client.metrics import holds_requests, scrape_metrics  # tritonclient: imported only when stopping
+
         self.drain_file.touch()
         deadline = time.monotonic() + timeout_s
         idle_scrapes = 0
         while True:
             try:
-                with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
-                    text = resp.read().decode("utf-8", "replace")
+                metrics = scrape_metrics(self.metrics_url, timeout=5)
             except (OSError, ValueError):
                 return False  # no server to drain
             # idle on 3 scrapes in a row: a stream's last windows pass between the engine and the
             # detokenizer, where for a moment nothing may be counted
-            idle_scrapes = 0 if any(_busy(line) for line in text.splitlines()) else idle_scrapes + 1
+            idle_scrapes = 0 if holds_requests(metrics) else idle_scrapes + 1
             if idle_scrapes >= 3:
                 return True
             if time.monotonic() >= deadline:
@@ -426,18 +426,6 @@ def _create_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except Exception:
         return None
-
-
-def _busy(metrics_line: str) -> bool:
-    """A Prometheus line above zero of the engine's queue or slots, or of requests Triton holds for a
-    step (a stream's windows wait there for the detokenizer after the engine has finished)."""
-    name, _, value = metrics_line.rpartition(" ")
-    if not name.startswith(BUSY_METRICS):
-        return False
-    try:
-        return float(value) > 0
-    except ValueError:
-        return False
 
 
 def _terminate(

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import parse_metrics
+
+from client.metrics import holds_requests
 from deploy.launch import (
-    _busy,
     _parse_param,
     find_free_port,
     get_parameters,
@@ -183,8 +184,10 @@ def test_warmup_off_strips_model_warmup_blocks(tmp_path):
 
 
 def test_a_drain_waits_on_the_engine_and_on_requests_triton_holds_for_a_step():
-    assert _busy('llm_engine_active_requests{model="llm_engine"} 1')
-    assert _busy('nv_inference_pending_request_count{model="detokenizer",version="1"} 3')
-    assert not _busy('llm_engine_queue_depth{model="llm_engine"} 0')
-    assert not _busy('llm_engine_steps_total{model="llm_engine",kind="decode"} 812')  # not a load gauge
-    assert not _busy("# HELP llm_engine_active_requests Requests holding a slot")
+    assert holds_requests(parse_metrics('llm_engine_active_requests{model="llm_engine"} 1'))
+    assert holds_requests(
+        parse_metrics('nv_inference_pending_request_count{model="detokenizer",version="1"} 3')
+    )
+    assert not holds_requests(parse_metrics('llm_engine_queue_depth{model="llm_engine"} 0'))
+    assert not holds_requests(parse_metrics('llm_engine_steps_total{model="llm_engine",kind="decode"} 812'))
+    assert not holds_requests(parse_metrics("# HELP llm_engine_active_requests Requests holding a slot"))

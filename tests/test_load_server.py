@@ -18,7 +18,7 @@ from conftest import wait_for
 
 from client.arrivals import arrival_times
 from client.generate import GenerationResult
-from client.metrics import metric_total, scrape_metrics
+from client.metrics import IN_FLIGHT_METRICS, holds_requests, metric_total, scrape_metrics
 from client.load import (
     RequestRecord,
     is_rejection,
@@ -41,8 +41,6 @@ from client.workload import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# what the server holds in flight: Triton's pending requests per model, the engine's queue and slots
-IN_FLIGHT = ("nv_inference_pending_request_count", "llm_engine_queue_depth", "llm_engine_active_requests")
 
 
 def rec(
@@ -171,7 +169,9 @@ def _server_state(stack) -> str:
         metrics, lines = {}, [f"metrics unreadable: {exc}"]
     else:
         lines = []
-    lines += [f"{key} {value:g}" for key, value in sorted(metrics.items()) if key.split("{")[0] in IN_FLIGHT]
+    lines += [
+        f"{key} {value:g}" for key, value in sorted(metrics.items()) if key.split("{")[0] in IN_FLIGHT_METRICS
+    ]
     log_tail = Path(stack.triton_log).read_text(errors="replace").splitlines()[-40:]
     return "\n".join(["server state:", *lines, "tritonserver log tail:", *log_tail])
 
@@ -252,8 +252,6 @@ def test_perf_analyzer_accepts_the_exported_plan(
     assert summarize(records, {})[-1].count == len(profiled)
 
     # and the server let go of every request: nothing left queued, holding a slot or pending in Triton
-    def drained() -> bool:
-        metrics = scrape_metrics(metrics_url)
-        return all(metric_total(metrics, name) == 0 for name in IN_FLIGHT)
-
-    assert wait_for(drained, timeout_s=10.0), _server_state(stack)
+    assert wait_for(lambda: not holds_requests(scrape_metrics(metrics_url)), timeout_s=10.0), _server_state(
+        stack
+    )
