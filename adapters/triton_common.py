@@ -5,9 +5,8 @@ Imported only inside the Triton stub, where `triton_python_backend_utils` exists
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
+from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
@@ -34,12 +33,12 @@ def error_response(exc: Exception) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=triton_error("INTERNAL", f"{type(exc).__name__}: {exc}"))
 
 
-def log_event(event: str, lock: threading.Lock | None = None, **fields) -> None:
-    """One JSON object per line, so log shippers can parse it; `lock`: the process's message lock, where
-    other threads send messages too (adapters/stub_messages.py)."""
-    line = json.dumps({"event": event, **fields}, default=str, separators=(",", ":"))
-    with lock or contextlib.nullcontext():
-        pb_utils.Logger.log_info(line)
+def log_event(event: str, log: Callable[[str], None] | None = None, **fields) -> None:
+    """One JSON object per line, so log shippers can parse it; `log`: the process's logger where other
+    threads send messages too (adapters/stub_messages.py: serialized), else pb_utils.Logger.log_info."""
+    (log or pb_utils.Logger.log_info)(
+        json.dumps({"event": event, **fields}, default=str, separators=(",", ":"))
+    )
 
 
 def request_parameters(request) -> dict:

@@ -84,6 +84,7 @@ class TritonPythonModel:
             params["prefill_templates"] = os.path.join(args["model_repository"], params["prefill_templates"])
         self.config = EngineConfig.from_parameters(params)
         self.messages = threading.Lock()  # this process's messages to the server: one at a time
+        self.log_info = serialized(pb_utils.Logger.log_info, self.messages)  # for log_event's JSON lines
         observer = TritonEngineObserver(args["model_name"], self.messages)
         self.namespace = os.getpid()
         mailbox = CancelMailbox(self.config.cancel_dir)
@@ -101,7 +102,7 @@ class TritonPythonModel:
         observer.record_warmup(loaded.report, loaded.kv_bytes, self.engine.runner.kv_bytes_per_token)
         log_event(
             "warmup_report",
-            self.messages,
+            self.log_info,
             load_seconds=round(loaded.load_seconds, 3),
             report=asdict(loaded.report),
         )
@@ -130,4 +131,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.shutdown(self.config.drain_timeout_s)
-        log_event("engine_stopped", self.messages, stats=self.engine.stats.finished)
+        log_event("engine_stopped", self.log_info, stats=self.engine.stats.finished)
