@@ -33,6 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -382,7 +383,12 @@ class Stack:
         for name in ("tritonserver", "redis"):
             if name in self.pids:
                 _terminate(
-                    self.pids[name], self.create_times.get(name), self._procs.get(name), timeout_s, name
+                    self.pids[name],
+                    self.create_times.get(name),
+                    self._procs.get(name),
+                    timeout_s,
+                    name,
+                    unloaded=_stubs_gone if name == "tritonserver" else None,
                 )
         path = self.run_dir / STACK_FILE
         if path.exists():
@@ -428,9 +434,31 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
+def _stubs_gone(pid: int) -> bool | None:
+    """Whether tritonserver `pid` has no Python-backend stub left (every Python model unloaded); None
+    when that cannot be told (no psutil, or no such process)."""
+    try:
+        import psutil
+
+        children = psutil.Process(pid).children(recursive=True)
+        return not any("triton_python_backend_stub" in child.name() for child in children)
+    except Exception:  # ImportError, psutil.NoSuchProcess, AccessDenied
+        return None
+
+
 def _terminate(
-    pid: int, create_time: float | None, proc: subprocess.Popen | None, timeout_s: float, name: str
+    pid: int,
+    create_time: float | None,
+    proc: subprocess.Popen | None,
+    timeout_s: float,
+    name: str,
+    unloaded: Callable[[int], bool | None] | None = None,
+    unloaded_grace_s: float = 1.0,
 ):
+    """SIGTERM, then SIGKILL to the process group after `timeout_s`, or as soon as `unloaded(pid)` has
+    held for `unloaded_grace_s`. The latter is for tritonserver: a client that keeps an idle gRPC stream
+    open holds the ensemble (which has no state of its own) live, and the server then waits out its whole
+    exit timeout after every Python model, engine included, has unloaded and flushed."""
     if proc is not None:
         if proc.poll() is not None:
             return
@@ -441,15 +469,27 @@ def _terminate(
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    started = time.monotonic()
+    unloaded_since: float | None = None
+    while (now := time.monotonic()) < started + timeout_s:
         if proc is not None:
             if proc.poll() is not None:
                 return
         elif not _same_process(pid, create_time):
             return
+        if unloaded is not None and unloaded(pid):
+            unloaded_since = now if unloaded_since is None else unloaded_since
+            if now - unloaded_since >= unloaded_grace_s:
+                log(
+                    f"{name} (pid {pid}): every Python model unloaded {now - started:.1f} s after SIGTERM; "
+                    "only idle client streams hold it: SIGKILL to its process group"
+                )
+                break
+        else:
+            unloaded_since = None
         time.sleep(0.1)
-    log(f"{name} (pid {pid}) still running after {timeout_s:.0f} s; SIGKILL to its process group")
+    else:
+        log(f"{name} (pid {pid}) still running after {timeout_s:.0f} s; SIGKILL to its process group")
     try:
         os.killpg(pid, signal.SIGKILL)  # started with start_new_session: pgid == pid; takes the stubs too
     except OSError:

@@ -73,3 +73,23 @@ def test_a_stop_drains_streams_in_flight_and_refuses_new_requests(tmp_path) -> N
             stack.stop()
         else:
             stopper.join(timeout=90)
+
+
+@pytest.mark.server
+def test_a_stop_does_not_wait_for_a_client_that_keeps_an_idle_stream_open(tmp_path, capfd) -> None:
+    """An open gRPC stream holds the ensemble live after every Python model has unloaded: tritonserver
+    would wait out its whole exit timeout (30 s) and then be killed. The stop kills it once the engine
+    has unloaded (and so flushed), and not before."""
+    stack = start_stack(StackOptions(run_dir=tmp_path / "stack", model_dir=MODEL_DIR, warmup=False))
+    session = StreamingSession(stack.grpc_url)
+    try:
+        rid = session.submit("an answer, then an idle stream", sampling={"max_tokens": 2})
+        assert session.wait([rid], timeout_s=60) and session.result(rid).error is None
+        started = time.monotonic()
+        stack.stop(timeout_s=60)
+        took = time.monotonic() - started
+    finally:
+        session.close()
+    assert "only idle client streams hold it" in capfd.readouterr().out
+    assert took < 30, f"the stop took {took:.1f} s"
+    assert '\\"event\\":\\"engine_stopped\\"' in stack.triton_log.read_text()
