@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     primer.add_argument("--model", default="llm", help="model to prime (default: %(default)s)")
     primer.add_argument("--marker", type=Path, help="file written once primed; present: prime no more")
     primer.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default: 60)")
+    primer.add_argument(
+        "--drain-file",
+        type=Path,
+        help="not ready while this file exists: the launcher's stop creates <run_dir>/draining and the "
+        "replica then refuses new requests, so a readiness probe takes it out of its Service first",
+    )
     return parser
 
 
@@ -183,6 +189,9 @@ def run_rewarm(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def run_prime(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.drain_file is not None and args.drain_file.exists():
+        print(f"error: draining ({args.drain_file} exists): this replica refuses new requests", file=err)
+        return 1
     try:
         ready = grpcclient.InferenceServerClient(url=args.url).is_model_ready(args.model)
     except InferenceServerException as exc:

@@ -52,6 +52,19 @@ def test_prime_cli_fails_clearly_when_the_server_is_down_or_the_model_unknown(gr
     assert "no_such_model" in err.getvalue()
 
 
+def test_prime_cli_is_not_ready_while_the_replica_drains(grpc_url, tmp_path):
+    """The readiness probe of docker/k8s/server.yaml: a replica that drains must leave its Service."""
+    marker, draining = tmp_path / "primed", tmp_path / "draining"
+    args = ["prime", "--url", grpc_url, "--marker", str(marker), "--drain-file", str(draining)]
+    assert main(args, out=io.StringIO()) == 0 and marker.exists()
+    draining.touch()
+    err = io.StringIO()
+    assert main(args, out=io.StringIO(), err=err) == 1
+    assert "draining" in err.getvalue()
+    draining.unlink()
+    assert main(args, out=io.StringIO()) == 0
+
+
 def test_a_failed_prime_is_reported_not_raised(grpc_url):
     result = prime(PrimeConfig(url=grpc_url, model="no_such_model", lengths=(4,), rounds=1, timeout_s=5))
     assert not result.ok and result.failed == 1 and result.errors

@@ -1,0 +1,93 @@
+"""The deployment files (docker/) checked against the code they configure: no cluster or Docker engine
+runs here, so these are what keeps a probe's flags, the drain marker's path and the grace periods
+in step with the launcher and the client."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from client.__main__ import build_parser
+from deploy.launch import DEFAULT_RUN_DIR, DRAIN_FILE, REPO_ROOT, Stack
+
+DOCKER = REPO_ROOT / "docker"
+
+
+def documents(path: Path) -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(path.read_text()) if doc}
+
+
+def image_path(path: Path) -> Path:
+    """Where a repository path lies in the image (the Dockerfile copies the repository to its WORKDIR)."""
+    workdir = re.search(r"^WORKDIR (\S+)$", (DOCKER / "Dockerfile").read_text(), re.M).group(1)
+    return Path(workdir) / path.relative_to(REPO_ROOT)
+
+
+def stop_bound_s() -> float:
+    """The longest a stop takes by the launcher's defaults: the drain, then tritonserver's stop."""
+    defaults = inspect.signature(Stack.stop).parameters
+    return defaults["drain_timeout_s"].default + defaults["timeout_s"].default
+
+
+def client_args(command: list[str]):
+    """`python3 -m client ...` parsed by the client's own parser (an unknown flag exits)."""
+    assert command[:3] == ["python3", "-m", "client"], command
+    return build_parser().parse_args(command[3:])
+
+
+@pytest.fixture(scope="module")
+def server() -> dict[str, dict]:
+    return documents(DOCKER / "k8s" / "server.yaml")
+
+
+def test_the_grace_periods_cover_the_drain_and_the_servers_stop(server) -> None:
+    pod = server["Deployment"]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > stop_bound_s()
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    assert int(compose["services"]["triton"]["stop_grace_period"].rstrip("s")) > stop_bound_s()
+
+
+def test_readiness_fails_while_the_launchers_drain_marker_exists(server) -> None:
+    container = server["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    args = client_args(container["readinessProbe"]["exec"]["command"])
+    assert args.command == "prime" and args.marker is not None
+    assert args.drain_file == image_path(DEFAULT_RUN_DIR / DRAIN_FILE)
+    assert client_args(container["startupProbe"]["exec"]["command"]).command == "prime"
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    health = compose["services"]["triton"]["healthcheck"]["test"]
+    assert health[0] == "CMD" and client_args(health[1:]).drain_file == args.drain_file
+
+
+def test_the_service_selects_the_replicas_and_serves_the_ports_the_image_opens(server) -> None:
+    deployment, service = server["Deployment"], server["Service"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert server["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    exposed = {
+        int(port)
+        for port in re.findall(r"^EXPOSE (.+)$", (DOCKER / "Dockerfile").read_text(), re.M)[0].split()
+    }
+    container_ports = {
+        port["containerPort"] for port in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    assert container_ports == exposed == {port["port"] for port in service["spec"]["ports"]}
+
+
+def test_the_warmup_cronjob_reaches_the_services_grpc_port(server) -> None:
+    cronjob = documents(DOCKER / "k8s" / "warmup-cronjob.yaml")["CronJob"]
+    container = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    args = client_args(container["command"] + container["args"])
+    host, port = args.url.split(":")
+    grpc = next(p for p in server["Service"]["spec"]["ports"] if p["name"] == "grpc")
+    assert (host, int(port)) == (server["Service"]["metadata"]["name"], grpc["port"])
+
+
+def test_the_image_runs_the_launcher_in_the_foreground() -> None:
+    """SIGTERM must reach a launcher that drains, not a detached one that already returned."""
+    cmd = re.search(r"^CMD (\[.*?\])$", (DOCKER / "Dockerfile").read_text(), re.M | re.S).group(1)
+    argv = yaml.safe_load(cmd.replace("\\\n", " "))
+    assert argv[:3] == ["python3", "-m", "deploy.launch"] and "--foreground" in argv
