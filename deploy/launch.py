@@ -441,9 +441,21 @@ def _stubs_gone(pid: int) -> bool | None:
         import psutil
 
         children = psutil.Process(pid).children(recursive=True)
-        return not any("triton_python_backend_stub" in child.name() for child in children)
+        return not any(_is_live_stub(child) for child in children)
     except Exception:  # ImportError, psutil.NoSuchProcess, AccessDenied
         return None
+
+
+def _is_live_stub(process) -> bool:
+    """A Python-backend stub that has not exited (the kernel's name is cut to 15 characters: the command
+    line decides)."""
+    try:
+        if process.status() == "zombie":
+            return False
+        command = process.cmdline()
+        return bool(command) and Path(command[0]).name == "triton_python_backend_stub"
+    except Exception:  # psutil.NoSuchProcess: it exited meanwhile
+        return False
 
 
 def _terminate(

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from client.generate import StreamingSession, generate, GenerationError
-from deploy.launch import StackOptions, start_stack
+from deploy.launch import StackOptions, _stubs_gone, start_stack
 from scheduler.drain import DrainSwitch
 from scheduler.errors import RequestError
 from tests.conftest import MODEL_DIR, wait_for
@@ -85,6 +85,7 @@ def test_a_stop_does_not_wait_for_a_client_that_keeps_an_idle_stream_open(tmp_pa
     try:
         rid = session.submit("an answer, then an idle stream", sampling={"max_tokens": 2})
         assert session.wait([rid], timeout_s=60) and session.result(rid).error is None
+        assert _stubs_gone(stack.pids["tritonserver"]) is False  # the stubs are found while they run
         started = time.monotonic()
         stack.stop(timeout_s=60)
         took = time.monotonic() - started
