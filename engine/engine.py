@@ -36,6 +36,7 @@ from scheduler.preemption import Contender, PreemptionPolicy, RunningRequest
 from scheduler.tiers import TierTable
 
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
+NEVER = 2**63 - 1
 
 
 @dataclass
@@ -101,6 +102,7 @@ class Engine:
         self.feedback: SloFeedbackLoop | None = None
         self.responses: ResponseTier | None = None
         self._cache_stats_at = 0.0
+        self._next_expiry_ns = NEVER  # the soonest a queued request expires (max_queue_ms); a bound
         self._cache_stats_lock = threading.Lock()
         self._active: dict[int, _Active] = {}
         self._free = list(range(runner.slots))
@@ -163,7 +165,8 @@ class Engine:
                     request.params.tier, length, self._load_locked(), time.time_ns(), arrival_ns=arrival
                 )
                 decision.raise_if_rejected()
-            self.policy_queue.push(request)
+            expires = self.policy_queue.push(request)
+            self._next_expiry_ns = min(self._next_expiry_ns, NEVER if expires is None else expires)
             request.scheduling_ns += time.perf_counter_ns() - began
             self._lock.notify()
 
@@ -253,6 +256,7 @@ class Engine:
     def step(self) -> bool:
         """One scheduling iteration; False when there was nothing to do."""
         self._drop_cancelled()
+        self._drop_expired()
         admitted = self._admit()
         decoded = self._decode() if self._active else False
         queued, active = self.load()
@@ -349,6 +353,27 @@ class Engine:
                 queued = self._queue.remove(request_id)
             if queued is not None:
                 self._cancel_queued(queued)
+
+    def _drop_expired(self) -> None:
+        """Refuse the queued requests past their tier's `max_queue_ms` (engine/queueing.py). The queue is
+        scanned only once the soonest expiry known has come (it may belong to a request admitted since)."""
+        now = time.monotonic_ns()
+        if now < self._next_expiry_ns:
+            return
+        with self._lock:
+            expired = [entry.item for entry in self._queue.pop_expired(now)]
+            soonest = self._queue.earliest_expiry_ns()
+            self._next_expiry_ns = NEVER if soonest is None else soonest
+        for request in expired:
+            tier = request.params.tier or self.tiers.default_name
+            waited_ms = (time.time_ns() - (request.params.arrival_ns or request.received_ns)) / 1e6
+            request.sink.fail(
+                "UNAVAILABLE",
+                f"queued {waited_ms:.0f} ms, past tier {tier!r}'s max_queue_ms: refused rather than run "
+                "late; retry on another replica or later",
+            )
+            self.stats.count_finish("expired")
+            self.observer.on_finish(request.params.tier, "expired", 0)
 
     def _cancel_queued(self, request: EngineRequest) -> None:
         self._suspended.pop(request.request_id, None)

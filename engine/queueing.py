@@ -6,10 +6,15 @@ exist side by side so the scheduler benchmark can compare them on the same arriv
   priority  tier precedence, arrival order within a tier (static priority, no aging)
   edf       earliest first-token deadline, tiers ignored
   slo       tier precedence with aging, EDF within a tier, per-tenant fair share (scheduler/slo_queue.py)
+
+Under every policy a queued request expires at its tier's `max_queue_ms` after it arrived: its client
+has most likely given up, and a cancel is not seen while a request is queued (docs/INTERNALS.md), so
+running it late would spend a prefill on nobody and make the queue behind it later still.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from engine.requests import EngineRequest
@@ -45,16 +50,29 @@ class PolicyQueue:
             tiers, aging_ns=None if full else 0, fair_share=full, max_len=max_len
         )
         self.flat_priority = tiers.default.priority
+        self.tiers = tiers
 
-    def push(self, request: EngineRequest, requeue: bool = False) -> None:
-        """`requeue`: a suspended request coming back; it was admitted once, so capacity never refuses it."""
+    def expires_ns(self, request: EngineRequest) -> int:
+        """When, on the queue's clock (monotonic), the request has waited its tier's `max_queue_ms` since
+        it arrived (in the scheduler step, when it says so: wall clock). An unknown tier: the default's."""
+        tiers = self.tiers
+        tier = tiers.get(request.params.tier) if request.params.tier in tiers.names else tiers.default
+        arrived = request.params.arrival_ns or request.received_ns
+        waited = max(0, time.time_ns() - arrived) if arrived else 0
+        return time.monotonic_ns() + tier.max_queue_ns - waited
+
+    def push(self, request: EngineRequest, requeue: bool = False) -> int | None:
+        """Queue `request`; returns when it expires (`expires_ns`). `requeue`: a suspended request coming
+        back; it was admitted once, so capacity never refuses it, and it never expires (None)."""
         priority, deadline = request.priority, request.deadline_ns
         if self.policy in ("fifo", "edf"):
             priority = self.flat_priority
         if self.policy in ("fifo", "priority"):
             deadline = request.received_ns
         cost = len(request.prompt_ids) + request.params.max_tokens
+        expires = None if requeue else self.expires_ns(request)
         self.queue.push(
             request, priority, deadline, key=request.request_id, tenant=request.params.tenant, cost=cost,
-            check_capacity=not requeue,
+            check_capacity=not requeue, expires_ns=expires,
         )  # fmt: skip
+        return expires

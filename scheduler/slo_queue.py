@@ -344,6 +344,11 @@ class SloQueue(Generic[T]):
             self._discard(entry)
         return sorted(expired)
 
+    def earliest_expiry_ns(self) -> int | None:
+        """The soonest `expires_ns` among queued entries (None: none expires); linear, for a caller that
+        asks only when an expiry it knew of has come."""
+        return min((e.expires_ns for e in self._live.values() if e.expires_ns is not None), default=None)
+
     def entries(self) -> Iterator[SloEntry[T]]:
         """Queued entries in static order (priority, deadline, seq); aging and fair share are not applied."""
         return iter(sorted(self._live.values()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
@@ -15,6 +15,7 @@ from engine.requests import EngineRequest
 from engine.warmup import run_warmup
 from scheduler.errors import RequestError
 from scheduler.messages import EngineRequestParams
+from scheduler.tiers import TierTable
 
 BUCKETS = (8, 16, 32, 64)
 EOS = 2
@@ -163,6 +164,43 @@ def test_cancelled_request_frees_its_slot_for_a_queued_one(model):
     assert engine.stats.finished == {"cancelled": 1, "length": 1}
 
 
+def tiers_with_max_queue(ms: float) -> TierTable:
+    return TierTable(tuple(replace(tier, max_queue_ms=ms) for tier in TierTable.defaults().tiers))
+
+
+def test_a_request_queued_past_its_tiers_max_queue_ms_is_refused_not_run(model):
+    """Its client has most likely given up; running it late spends a prefill on nobody."""
+    runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, tiers=tiers_with_max_queue(30))
+    running, stale, fresh = RecordingSink(), RecordingSink(), RecordingSink()
+    engine.submit(request([1, 2], running, rid="a", max_tokens=40))
+    engine.step()
+    arrived_earlier = request([1, 3], stale, rid="b", max_tokens=3, arrival_ns=time.time_ns() - 40_000_000)
+    engine.submit(arrived_earlier)  # waited 40 ms upstream (the scheduler step's arrival time)
+    engine.submit(request([1, 4], fresh, rid="c", max_tokens=3))
+    engine.step()
+    assert stale.errors and stale.errors[0][0] == "UNAVAILABLE" and "max_queue_ms" in stale.errors[0][1]
+    assert not stale.windows and not fresh.errors and engine.load()[0] == 1
+    running.cancel = True  # the slot frees at once: the fresh request, not yet 30 ms old, runs
+    run_until_idle(engine)
+    assert len(fresh.tokens) == 3
+    assert engine.stats.finished == {"expired": 1, "cancelled": 1, "length": 1}
+
+
+def test_a_request_still_queued_when_its_max_queue_ms_passes_expires(model):
+    runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, tiers=tiers_with_max_queue(10))
+    running, waiting = RecordingSink(), RecordingSink()
+    engine.submit(request([1, 2], running, rid="a", max_tokens=120))
+    submitted = time.monotonic()
+    engine.submit(request([1, 3], waiting, rid="b", max_tokens=3))
+    while not waiting.errors and time.monotonic() - submitted < 5:
+        engine.step()
+    waited = time.monotonic() - submitted
+    assert waiting.errors[0][0] == "UNAVAILABLE" and not waiting.windows
+    assert waited >= 0.01 and not running.finished  # not before its time; the running request goes on
+
+
 def test_non_streaming_sends_one_final_window_with_prompt(model):
     engine = make_engine(model)
     sink = RecordingSink()
@@ -294,7 +332,7 @@ def test_queue_policies_order_the_same_arrivals_differently(model, policy, expec
     arrivals = (("batch", 4, 10), ("std-late", 3, 900), ("std-early", 3, 100), ("crit", 1, 5000))
     for received, (rid, priority, deadline) in enumerate(arrivals, start=1):
         item = request([1, 2], OrderSink(rid), rid=rid, priority=priority, deadline=deadline, max_tokens=2)
-        item.received_ns = received
+        item.received_ns = time.time_ns() + received  # in this order, and not expired (max_queue_ms)
         engine.submit(item)
     run_until_idle(engine)
     assert order == ["blocker", *expected]

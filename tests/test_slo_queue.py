@@ -188,9 +188,13 @@ def test_oldest_wait_remove_and_expiry() -> None:
     queue.push("s1", 3, 0, key="s1", expires_ns=2 * S)
     clock.now = 1_500 * MS
     queue.push("b1", 4, 0, key="b1")
+    queue.push("c1", 1, 0, key="c1", expires_ns=3 * S)
+    assert queue.earliest_expiry_ns() == 2 * S
     clock.now = 2 * S
-    assert queue.oldest_wait_ns() == {"critical": 0, "warmup": 0, "standard": 1 * S, "batch": 500 * MS}
+    assert queue.oldest_wait_ns() == {"critical": 500 * MS, "warmup": 0, "standard": 1 * S, "batch": 500 * MS}
     assert [e.key for e in queue.pop_expired(clock.now)] == ["s1"]
+    assert queue.earliest_expiry_ns() == 3 * S and queue.remove("c1") == "c1"
+    assert queue.earliest_expiry_ns() is None  # b1 never expires
     assert queue.remove("b1") == "b1" and queue.remove("b1") is None
     assert not queue and len(queue) == 0
     assert queue.queued_by_tier() == {"critical": 0, "warmup": 0, "standard": 0, "batch": 0}
