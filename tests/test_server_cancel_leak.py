@@ -1,16 +1,21 @@
 """Cancelled streams leave nothing in flight: in Triton 2.51 an error response from a step of a cancelled
 ensemble request leaked that request (counted in flight until the server's exit timeout), so the engine
 and detokenizer end a cancelled request with a plain final response. Its own stack: the leak shows only
-when the server stops."""
+when the server stops. The same holds for queued requests that expire (their tier's max_queue_ms),
+whether their client is still waiting or has cancelled."""
 
 from __future__ import annotations
 
 import queue
 import re
+from pathlib import Path
+
+import yaml
 
 from client.generate import StreamingSession, generate
 from deploy.launch import StackOptions, start_stack
-from client.metrics import holds_requests, scrape_metrics
+from client.metrics import holds_requests, metric_total, scrape_metrics
+from scheduler.tiers import TierTable
 from tests.conftest import MODEL_DIR, wait_for
 
 IN_FLIGHT_AT_STOP = re.compile(r"Model 'llm' \(version \d+\) has (\d+) in-flight inferences")
@@ -33,5 +38,63 @@ def test_cancelled_streams_leave_nothing_in_flight(tmp_path):
         )  # every cancel noticed
     finally:
         stack.stop()
-    leaked = [int(n) for n in IN_FLIGHT_AT_STOP.findall(stack.triton_log.read_text(errors="replace"))]
+    leaked = leaked_at_stop(stack.triton_log)
     assert leaked == [], f"the ensemble still counted {max(leaked)} requests in flight at shutdown"
+
+
+def leaked_at_stop(log: Path) -> list[int]:
+    return [int(n) for n in IN_FLIGHT_AT_STOP.findall(log.read_text(errors="replace"))]
+
+
+def short_queue_tiers(path: Path, standard_max_queue_ms: float) -> Path:
+    """The default tiers, with a short max_queue_ms for the standard tier (x cpu_scale on the CPU)."""
+    table = TierTable.defaults()
+    tiers = {
+        t.name: {
+            "priority": t.priority, "ttft_target_ms": t.ttft_target_ms, "percentile": t.percentile,
+            "sheddable": t.sheddable,
+            "max_queue_ms": standard_max_queue_ms if t.name == "standard" else t.max_queue_ms,
+        }
+        for t in table.tiers
+    }  # fmt: skip
+    data = {"default_tier": table.default_name, "cpu_scale": table.cpu_scale, "tiers": tiers}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_queued_requests_expire_with_a_clear_error_and_leave_nothing_in_flight(tmp_path):
+    tiers = str(short_queue_tiers(tmp_path / "tiers.yaml", 300))  # 3 s on the CPU
+    overrides = {
+        "llm_engine": {"tiers_file": tiers, "max_batch_size": "1"},
+        "slo_scheduler": {"tiers_file": tiers},
+    }
+    stack = start_stack(
+        StackOptions(run_dir=tmp_path / "stack", model_dir=MODEL_DIR, warmup=False, overrides=overrides)
+    )
+    try:
+        busy = StreamingSession(stack.grpc_url)
+        started: queue.Queue = queue.Queue()
+        for i in range(4):  # the one slot, then 3 critical requests ahead in the queue (never expiring here)
+            busy.submit(f"busy {i} " * 5, sampling={"max_tokens": 512, "ignore_eos": True}, tier="critical",
+                        on_piece=started.put)  # fmt: skip
+        started.get(timeout=60)
+        waiting, gone = StreamingSession(stack.grpc_url), StreamingSession(stack.grpc_url)
+        waiting_id = waiting.submit("a request that waits", sampling={"max_tokens": 3})
+        gone.submit("a request whose client gives up", sampling={"max_tokens": 3})
+        queued = lambda: metric_total(scrape_metrics(stack.metrics_url), "llm_engine_queue_depth")  # noqa: E731
+        assert wait_for(lambda: queued() >= 5)
+        gone.cancel()  # queued in the engine, where the cancel is not seen
+        assert waiting.wait([waiting_id], timeout_s=30)
+        error = waiting.result(waiting_id).error or ""
+        assert "max_queue_ms" in error and "queued" in error
+        expired = lambda: metric_total(  # noqa: E731
+            scrape_metrics(stack.metrics_url), "llm_engine_requests_finished_total", status="expired"
+        )
+        assert wait_for(lambda: expired() == 2, timeout_s=10)
+        assert busy.unfinished(), "the busy requests ended before the queued ones expired"
+        busy.cancel()
+        waiting.close()
+        assert wait_for(lambda: not holds_requests(scrape_metrics(stack.metrics_url)), timeout_s=30.0)
+    finally:
+        stack.stop()
+    assert leaked_at_stop(stack.triton_log) == []
