@@ -60,9 +60,16 @@ class HostBlockPool:
         return self.put_many([key], block.unsqueeze(0), keep, pin) == 1
 
     def put_many(
-        self, keys: list[bytes], blocks: torch.Tensor, keep: frozenset[bytes] = frozenset(), pin: bool = False
+        self,
+        keys: list[bytes],
+        blocks: torch.Tensor,
+        keep: frozenset[bytes] = frozenset(),
+        pin: bool = False,
+        rows: list[int] | None = None,
     ) -> int:
-        """`put` for a run of blocks [n, ...] on any device; returns how many were kept.
+        """`put` for a run of blocks [n, ...] on any device; returns how many were kept. `rows`: the row of
+        `blocks` that holds each key's block (default: the key's position), so that blocks demoted from a
+        pool are copied out of it directly, with no gather into a temporary first.
 
         From CUDA, each run of consecutive slots is one asynchronous copy straight into pinned memory,
         and nothing waits for it: the device's stream orders it before any later copy out of or into
@@ -71,10 +78,10 @@ class HostBlockPool:
         pageable host memory first and then into the slots cost ~10x more on the H200. From host
         memory the run is one scatter."""
         stored, row_of_slot = 0, {}  # a run longer than the pool reuses slots: the later block wins
-        for row, key in enumerate(keys):
+        for position, key in enumerate(keys):
             if (index := self._slot_for(key, pin, keep)) is not None:
                 stored += 1
-                row_of_slot[index] = row
+                row_of_slot[index] = position if rows is None else rows[position]
         if not row_of_slot:
             return 0
         if blocks.is_cuda:

@@ -305,3 +305,35 @@ def test_eviction_skips_pinned_blocks_and_never_the_chain_being_stored():
     assert cache.evictions == 1 and len(cache.pinned) == 2 and cache.pinned <= set(cache.index)
     assert cache.store(0, list(range(40, 49)), "t") == 2  # evicts the previous prompt, not the pins
     assert cache.evictions == 3 and cache.pinned <= set(cache.index)
+
+
+class ContentRunner(TimedRunner):
+    """Every block read from the slot holds `base` + its position: stored and demoted rows can be checked."""
+
+    base = 0.0
+
+    def read_blocks(self, slot: int, count: int, block_size: int) -> torch.Tensor:
+        values = self.base + torch.arange(count, dtype=torch.float32)
+        return values.view(count, 1, 1, 1, 1, 1).expand(count, 1, 2, 1, block_size, 2)
+
+
+@pytest.mark.parametrize("max_run_copies", [0, 4], ids=["one-scatter", "copies-per-run"])
+def test_stored_and_demoted_blocks_hold_their_own_content_in_a_fragmented_pool(monkeypatch, max_run_copies):
+    """A full pool hands a new prompt the rows it evicts, in several runs; each block must land in its
+    own row, and each evicted block in its L2 slot, whichever way the rows are copied."""
+    monkeypatch.setattr("engine.prefix_cache.MAX_RUN_COPIES", max_run_copies)
+    runner = ContentRunner(FakeClock(), copy_s=0.0)
+    cache = PrefixCache(runner, 7, 4, "fp")
+    cache.l2 = HostBlockPool(32, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
+    expected: dict[bytes, float] = {}
+    for n in range(12):
+        runner.base = 100.0 * (n + 1)
+        prompt = [n + 1] * (9 if n % 2 else 13)  # 2 or 3 full blocks of 4 (one token left to compute)
+        keys = cache.chain_keys(prompt, "t")
+        cache.store(0, prompt[: len(keys) * 4], "t")
+        expected.update({key: runner.base + i for i, key in enumerate(keys)})
+    assert cache.evictions > 0 and len(cache.l2.index) > 0
+    for key, row in cache.index.items():
+        assert torch.all(cache.pool[row] == expected[key])
+    for key, slot in cache.l2.index.items():
+        assert torch.all(cache.l2.pool[slot] == expected[key])
