@@ -71,9 +71,12 @@ def test_critical_overtakes_queued_batch_requests(one_slot_stack):
 
 
 def test_a_sheddable_request_that_cannot_make_its_deadline_gets_a_clear_error(one_slot_stack):
+    """Shed on arrival (predicted late), or if admitted anyway, refused at its max_queue_ms (1 s): either
+    way a clear error. The busy request is long enough for both: with 150 tokens a fast idle machine once
+    predicted the wait under the 100 ms target and ran the bulk request (CI)."""
     session = StreamingSession(one_slot_stack.grpc_url)
     started: queue.Queue = queue.Queue()
-    session.submit("Busy again", sampling={"max_tokens": 150, "ignore_eos": True}, on_piece=started.put)
+    session.submit("Busy again", sampling={"max_tokens": 512, "ignore_eos": True}, on_piece=started.put)
     started.get(timeout=60)
     shed = session.submit("Too late anyway", sampling={"max_tokens": 4}, tier="bulk")
     kept = session.submit("Not sheddable", sampling={"max_tokens": 4}, tier="critical")
