@@ -465,12 +465,14 @@ def _terminate(
     timeout_s: float,
     name: str,
     unloaded: Callable[[int], bool | None] | None = None,
-    unloaded_grace_s: float = 1.0,
+    unloaded_grace_s: float = 3.0,
 ):
     """SIGTERM, then SIGKILL to the process group after `timeout_s`, or as soon as `unloaded(pid)` has
     held for `unloaded_grace_s`. The latter is for tritonserver: a client that keeps an idle gRPC stream
     open holds the ensemble (which has no state of its own) live, and the server then waits out its whole
-    exit timeout after every Python model, engine included, has unloaded and flushed."""
+    exit timeout after every Python model, engine included, has unloaded and flushed. The grace is 3 s:
+    with no such client the server exits by itself at its next once-a-second check of what is still live
+    (a 1 s grace raced that check and killed servers about to exit)."""
     if proc is not None:
         if proc.poll() is not None:
             return

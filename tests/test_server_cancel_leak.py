@@ -21,7 +21,7 @@ from tests.conftest import MODEL_DIR, wait_for
 IN_FLIGHT_AT_STOP = re.compile(r"Model 'llm' \(version \d+\) has (\d+) in-flight inferences")
 
 
-def test_cancelled_streams_leave_nothing_in_flight(tmp_path):
+def test_cancelled_streams_leave_nothing_in_flight(tmp_path, capfd):
     stack = start_stack(StackOptions(run_dir=tmp_path / "stack", model_dir=MODEL_DIR, warmup=True))
     try:
         for i in range(6):
@@ -40,6 +40,8 @@ def test_cancelled_streams_leave_nothing_in_flight(tmp_path):
         stack.stop()
     leaked = leaked_at_stop(stack.triton_log)
     assert leaked == [], f"the ensemble still counted {max(leaked)} requests in flight at shutdown"
+    # no client stream was left open: the server exited by itself, the launcher killed nothing
+    assert "only idle client streams hold it" not in capfd.readouterr().out
 
 
 def leaked_at_stop(log: Path) -> list[int]:
