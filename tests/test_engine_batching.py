@@ -171,17 +171,17 @@ def tiers_with_max_queue(ms: float) -> TierTable:
 def test_a_request_queued_past_its_tiers_max_queue_ms_is_refused_not_run(model):
     """Its client has most likely given up; running it late spends a prefill on nobody."""
     runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
-    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, tiers=tiers_with_max_queue(30))
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, tiers=tiers_with_max_queue(300))
     running, stale, fresh = RecordingSink(), RecordingSink(), RecordingSink()
     engine.submit(request([1, 2], running, rid="a", max_tokens=40))
     engine.step()
-    arrived_earlier = request([1, 3], stale, rid="b", max_tokens=3, arrival_ns=time.time_ns() - 40_000_000)
-    engine.submit(arrived_earlier)  # waited 40 ms upstream (the scheduler step's arrival time)
+    arrived_earlier = request([1, 3], stale, rid="b", max_tokens=3, arrival_ns=time.time_ns() - 400_000_000)
+    engine.submit(arrived_earlier)  # waited 400 ms upstream (the scheduler step's arrival time)
     engine.submit(request([1, 4], fresh, rid="c", max_tokens=3))
     engine.step()
     assert stale.errors and stale.errors[0][0] == "UNAVAILABLE" and "max_queue_ms" in stale.errors[0][1]
     assert not stale.windows and not fresh.errors and engine.load()[0] == 1
-    running.cancel = True  # the slot frees at once: the fresh request, not yet 30 ms old, runs
+    running.cancel = True  # the slot frees at once: the fresh request, not yet 300 ms old, runs
     run_until_idle(engine)
     assert len(fresh.tokens) == 3
     assert engine.stats.finished == {"expired": 1, "cancelled": 1, "length": 1}

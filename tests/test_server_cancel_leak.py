@@ -76,7 +76,7 @@ def test_queued_requests_expire_with_a_clear_error_and_leave_nothing_in_flight(t
     try:
         busy = StreamingSession(stack.grpc_url)
         started: queue.Queue = queue.Queue()
-        for i in range(4):  # the one slot, then 3 critical requests ahead in the queue (never expiring here)
+        for i in range(8):  # the one slot, then 7 critical requests ahead in the queue (never expiring here)
             busy.submit(f"busy {i} " * 5, sampling={"max_tokens": 512, "ignore_eos": True}, tier="critical",
                         on_piece=started.put)  # fmt: skip
         started.get(timeout=60)
@@ -84,7 +84,7 @@ def test_queued_requests_expire_with_a_clear_error_and_leave_nothing_in_flight(t
         waiting_id = waiting.submit("a request that waits", sampling={"max_tokens": 3})
         gone.submit("a request whose client gives up", sampling={"max_tokens": 3})
         queued = lambda: metric_total(scrape_metrics(stack.metrics_url), "llm_engine_queue_depth")  # noqa: E731
-        assert wait_for(lambda: queued() >= 5)
+        assert wait_for(lambda: queued() >= 9)
         gone.cancel()  # queued in the engine, where the cancel is not seen
         assert waiting.wait([waiting_id], timeout_s=30)
         error = waiting.result(waiting_id).error or ""
