@@ -53,6 +53,7 @@ bench-cache: setup model
 	$(ENV) $(PY) -m bench.prefix_cache
 	$(ENV) HF_HUB_OFFLINE=1 $(PY) -m bench.semantic_cache
 	$(ENV) $(PY) -m bench.replica_prefill
+	$(ENV) $(PY) -m bench.store_cost
 
 bench-scheduler: setup model
 	$(ENV) $(PY) -m bench.scheduler

@@ -21,6 +21,8 @@ import torch
 
 from engine.block_rows import runs, select
 
+MAX_HOST_RUN_COPIES = 4  # from host memory, more runs than this go as one gather and one scatter
+
 
 class HostBlockPool:
     def __init__(
@@ -76,7 +78,7 @@ class HostBlockPool:
         those slots, and host access waits for it (`settle`). Syncing here stalled the engine thread
         on every store once the device pool was full (each store then demotes). Copying the run to
         pageable host memory first and then into the slots cost ~10x more on the H200. From host
-        memory the run is one scatter."""
+        memory, a copy per run when there are few, else one gather and one scatter."""
         stored, row_of_slot = 0, {}  # a run longer than the pool reuses slots: the later block wins
         for position, key in enumerate(keys):
             if (index := self._slot_for(key, pin, keep)) is not None:
@@ -84,12 +86,17 @@ class HostBlockPool:
                 row_of_slot[index] = position if rows is None else rows[position]
         if not row_of_slot:
             return 0
+        spans = list(runs(list(row_of_slot.items())))
         if blocks.is_cuda:
-            for slot, row, count in runs(list(row_of_slot.items())):
+            for slot, row, count in spans:
                 self.pool[slot : slot + count].copy_(blocks[row : row + count], non_blocking=True)
             self.note_device_use(blocks.device)
+            return stored
+        self.settle()
+        if len(spans) <= MAX_HOST_RUN_COPIES:
+            for slot, row, count in spans:
+                self.pool[slot : slot + count].copy_(blocks[row : row + count])
         else:
-            self.settle()
             rows = list(row_of_slot.values())
             source = blocks if rows == list(range(len(blocks))) else blocks[rows]
             self.pool[select(list(row_of_slot), self.pool.device)] = source.to(self.pool.dtype)

@@ -7,6 +7,7 @@
 #                                       # pool several with python -m bench.prefix_cache_pool (here)
 #   bash scripts/gpu/runs.sh prefix-load # (b) under load: 45 rounds (+15 A/A), 4 one at a time (~420 s)
 #   bash scripts/gpu/runs.sh prefix-capacity # (b) at capacity: 16 clients for the 8 slots, 36 rounds (+12 A/A)
+#   bash scripts/gpu/runs.sh store      # bench.store_cost: a prefix-cache store's host time, in-process (~20 s)
 #   bash scripts/gpu/runs.sh warmup     # bench.warmup (cold / v1 / planned)
 # Results land in $OUT (the device tool's output folder); copy them to bench/results/.
 set -uo pipefail
@@ -28,8 +29,9 @@ case "${1:-}" in
   prefix-capacity) python3 -m bench.prefix_cache $GPU_ARGS --throughput-only --throughput-rounds 2 \
     --control-rounds 1 --load-rounds 36 --load-control-rounds 12 --throughput-concurrency 16 \
     --throughput-concurrent-requests 96 2>&1 | grep -v "Loading weights" | grep "|\|^- \|median" ;;
+  store) python3 -m bench.store_cost $GPU_ARGS 2>&1 | grep -v "Loading weights" | grep "|" ;;
   warmup) python3 -m bench.warmup $GPU_ARGS --median-tokens 300 --sigma 1.2 2>&1 |
     grep -v "Loading weights" | grep "|\|^- \|prompt lengths" ;;
-  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|prefix-b|prefix-load|prefix-capacity|warmup" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|prefix-b|prefix-load|prefix-capacity|store|warmup" >&2; exit 2 ;;
 esac
 echo "[gpu] $1: $(( $(date +%s) - t0 )) s"
