@@ -50,6 +50,21 @@ def add_engine_args(parser, *, results: bool = True) -> None:
         )
 
 
+def in_process_config(args, **overrides: Any):
+    """The EngineConfig of an in-process benchmark (no Triton): model, device, dtype and sequence limit
+    from `add_engine_args`'s options, no prefill templates; `overrides` set the rest."""
+    from engine.config import EngineConfig  # torch and the engine: only the in-process benchmarks need them
+
+    return EngineConfig(
+        model_dir=str(model_dir_for(args.preset, args.model_dir)),
+        device=args.device,
+        dtype=args.dtype,
+        max_seq_len=args.max_seq_len,
+        prefill_templates="",
+        **overrides,
+    )
+
+
 def engine_env(device: str, dtype: str, max_seq_len: int) -> dict[str, str]:
     """Environment the engine's config.pbtxt expands (`${LLM_DEVICE:-cpu}` and friends)."""
     return {"LLM_DEVICE": device, "LLM_DTYPE": dtype, "LLM_MAX_SEQ_LEN": str(max_seq_len)}

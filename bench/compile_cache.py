@@ -31,7 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO_ROOT, add_engine_args, model_dir_for, print_table, progress, write_results
+from bench.common import (
+    REPO_ROOT,
+    add_engine_args,
+    in_process_config,
+    model_dir_for,
+    print_table,
+    progress,
+    write_results,
+)
 
 STARTS = ("off", "cold", "warm", "artifacts")
 
@@ -54,18 +62,10 @@ def child(args: argparse.Namespace) -> None:
     """One start; prints its figures as the last line of stdout (JSON)."""
     import torch
 
-    from engine.config import EngineConfig
     from engine.loader import load_engine
 
-    config = EngineConfig(
-        model_dir=str(model_dir_for(args.preset, args.model_dir)),
-        device=args.device,
-        dtype=args.dtype,
-        max_seq_len=args.max_seq_len,
-        max_batch_size=args.slots,
-        prefill_templates="",
-        compile=args.child != "off",
-        compile_cache_dir=str(args.cache_dir),
+    config = in_process_config(
+        args, max_batch_size=args.slots, compile=args.child != "off", compile_cache_dir=str(args.cache_dir)
     )
     loaded = load_engine(config, log=lambda message: None, model_name="llm_engine", model_version="1")
     ready_s = time.time() - args.spawned_at

@@ -17,8 +17,15 @@ import sys
 import threading
 import time
 
-from bench.common import add_engine_args, median, model_dir_for, print_table, progress, write_results
-from engine.config import EngineConfig
+from bench.common import (
+    add_engine_args,
+    in_process_config,
+    median,
+    model_dir_for,
+    print_table,
+    progress,
+    write_results,
+)
 from engine.loader import load_engine
 from engine.requests import EngineRequest
 from scheduler.messages import EngineRequestParams
@@ -53,17 +60,9 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def measure(args, model_dir, graphs: bool, lengths: list[int]) -> list[dict]:
-    config = EngineConfig(
-        model_dir=str(model_dir),
-        device=args.device,
-        dtype=args.dtype,
-        max_seq_len=args.max_seq_len,
-        prefill_graphs=graphs,
-        response_cache=False,
-        prefill_templates="",
-        prefix_cache_blocks=2048,
-        l2_cache_blocks=0,
+def measure(args, graphs: bool, lengths: list[int]) -> list[dict]:
+    config = in_process_config(
+        args, prefill_graphs=graphs, response_cache=False, prefix_cache_blocks=2048, l2_cache_blocks=0
     )
     loaded = load_engine(config, log=lambda message: None)
     engine, block = loaded.engine, config.prefix_block_size
@@ -112,10 +111,10 @@ def measure(args, model_dir, graphs: bool, lengths: list[int]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
-    model_dir = model_dir_for(args.preset, args.model_dir)
+    model_dir_for(args.preset, args.model_dir)  # built once, before the measured engines load
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = [False, True] if args.device.startswith("cuda") else [False]
-    rows = [row for graphs in variants for row in measure(args, model_dir, graphs, lengths)]
+    rows = [row for graphs in variants for row in measure(args, graphs, lengths)]
     eager = {r["tokens"]: r for r in rows if r["prefill"] == "eager"}
     table_rows = [
         [

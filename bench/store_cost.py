@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.common import add_engine_args, median, model_dir_for, print_table, progress, write_results
-from engine.config import EngineConfig
+from bench.common import add_engine_args, in_process_config, median, print_table, progress, write_results
 from engine.l2_pool import HostBlockPool
 from engine.loader import load_engine
 from engine.model_runner import ModelRunner
@@ -136,17 +135,9 @@ def plot(results: list[StoreTimes], path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = argv if argv is not None else sys.argv[1:]
     args = parse_args(argv)
-    model_dir = model_dir_for(args.preset, args.model_dir)
-    config = EngineConfig(
-        model_dir=str(model_dir),
-        device=args.device,
-        dtype=args.dtype,
-        max_seq_len=args.max_seq_len,
-        warmup=False,
-        response_cache=False,
-        prefill_templates="",
-        prefix_cache_blocks=0,  # each scenario builds its own cache on the runner
-    )
+    config = in_process_config(
+        args, warmup=False, response_cache=False, prefix_cache_blocks=0
+    )  # each scenario builds its own cache on the runner
     runner = load_engine(config, log=lambda message: None).engine.runner
     scenarios = SCENARIOS + ((BUSY,) if runner.device.type == "cuda" else ())
     results = []
