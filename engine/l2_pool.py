@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import OrderedDict, deque
 
 import torch
 
-from engine.block_rows import runs, select
-
-MAX_HOST_RUN_COPIES = 4  # from host memory, more runs than this go as one gather and one scatter
+from engine.block_rows import copy_rows
 
 
 class HostBlockPool:
@@ -86,20 +85,13 @@ class HostBlockPool:
                 row_of_slot[index] = position if rows is None else rows[position]
         if not row_of_slot:
             return 0
-        spans = list(runs(list(row_of_slot.items())))
+        slots, sources = list(row_of_slot), list(row_of_slot.values())
         if blocks.is_cuda:
-            for slot, row, count in spans:
-                self.pool[slot : slot + count].copy_(blocks[row : row + count], non_blocking=True)
+            copy_rows(self.pool, slots, blocks, sources, max_runs=math.inf, non_blocking=True)
             self.note_device_use(blocks.device)
-            return stored
-        self.settle()
-        if len(spans) <= MAX_HOST_RUN_COPIES:
-            for slot, row, count in spans:
-                self.pool[slot : slot + count].copy_(blocks[row : row + count])
         else:
-            rows = list(row_of_slot.values())
-            source = blocks if rows == list(range(len(blocks))) else blocks[rows]
-            self.pool[select(list(row_of_slot), self.pool.device)] = source.to(self.pool.dtype)
+            self.settle()
+            copy_rows(self.pool, slots, blocks, sources)
         return stored
 
     def note_device_use(self, device: torch.device) -> None:

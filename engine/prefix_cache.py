@@ -21,6 +21,7 @@ pure and may be called from any thread.
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 import time
 from collections import OrderedDict
@@ -33,13 +34,10 @@ import torch
 
 from cache.cost_model import LoadCostModel, ReuseLedger
 from cache.sightings import Sightings
-from engine.block_rows import runs, select
+from engine.block_rows import copy_rows, select
 from engine.kv_tiers import L3Tier
 from engine.l2_pool import HostBlockPool
 from engine.model_runner import ModelRunner
-
-
-MAX_RUN_COPIES = 4  # beyond this many runs, one scatter with index tensors costs less host time
 
 
 @contextmanager
@@ -256,8 +254,8 @@ class PrefixCache:
         blocks = self.runner.read_blocks(slot, missing[-1] + 1, self.block_size)
         indices = self._allocate(len(missing))
         stored = missing[: len(indices)]
-        if indices:
-            self._copy_rows(indices, blocks, stored)
+        if indices:  # new rows are the evicted ones once the pool is full: often 2-3 runs, a copy each
+            copy_rows(self.pool, indices, blocks, stored)
             for i, index in zip(stored, indices):
                 self.index[keys[i]] = index
         for key in reversed(keys):  # as in lookup: the head ends most recent, so tails are evicted first
@@ -317,12 +315,10 @@ class PrefixCache:
         if not indices:
             return []
         if self.pool.is_cuda and l2.page_locked:
-            for dest, source, count in runs(list(zip(indices, slots))):
-                self.pool[dest : dest + count].copy_(l2.pool[source : source + count], non_blocking=True)
+            copy_rows(self.pool, indices, l2.pool, slots, max_runs=math.inf, non_blocking=True)
             l2.note_device_use(self.pool.device)
         else:
-            rows = select(slots[: len(indices)], l2.pool.device)
-            self.pool[self._rows(indices)] = l2.pool[rows].to(self.pool.device)
+            copy_rows(self.pool, indices, l2.pool, slots[: len(indices)], max_runs=0)
         return self._enter(keys, indices)
 
     def _promote(self, keys: list[bytes], blocks: list[torch.Tensor]) -> list[bytes]:
@@ -343,17 +339,6 @@ class PrefixCache:
 
     def _rows(self, positions: list[int]) -> slice | torch.Tensor:
         return select(positions, self.pool.device)
-
-    def _copy_rows(self, indices: list[int], blocks: torch.Tensor, sources: list[int]) -> None:
-        """pool[indices[i]] = blocks[sources[i]]: a copy per run of rows consecutive on both sides when
-        there are few, else one scatter. Once the pool is full, a prompt's new rows are the evicted ones,
-        often 2-3 runs, and each index tensor a scatter needs cost ~27 us of host time on the H200."""
-        spans = list(runs(list(zip(indices, sources))))
-        if len(spans) > MAX_RUN_COPIES:
-            self.pool[self._rows(indices)] = blocks[self._rows(sources)]
-            return
-        for dest, source, count in spans:
-            self.pool[dest : dest + count].copy_(blocks[source : source + count])
 
     def _allocate(self, count: int, keep: frozenset[bytes] = frozenset()) -> list[int]:
         """Up to `count` free pool indices (ascending: mostly one run, a slice), evicting the oldest

@@ -321,8 +321,7 @@ class ContentRunner(TimedRunner):
 def test_stored_and_demoted_blocks_hold_their_own_content_in_a_fragmented_pool(monkeypatch, max_run_copies):
     """A full pool hands a new prompt the rows it evicts, in several runs; each block must land in its
     own row, and each evicted block in its L2 slot, whichever way the rows are copied."""
-    monkeypatch.setattr("engine.prefix_cache.MAX_RUN_COPIES", max_run_copies)
-    monkeypatch.setattr("engine.l2_pool.MAX_HOST_RUN_COPIES", max_run_copies)
+    monkeypatch.setattr("engine.block_rows.MAX_RUN_COPIES", max_run_copies)
     runner = ContentRunner(FakeClock(), copy_s=0.0)
     cache = PrefixCache(runner, 7, 4, "fp")
     cache.l2 = HostBlockPool(32, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
