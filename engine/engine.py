@@ -367,19 +367,21 @@ class Engine:
         for request in expired:
             tier = request.params.tier or self.tiers.default_name
             waited_ms = (time.time_ns() - (request.params.arrival_ns or request.received_ns)) / 1e6
-            request.sink.fail(
-                "UNAVAILABLE",
+            message = (
                 f"queued {waited_ms:.0f} ms, past tier {tier!r}'s max_queue_ms: refused rather than run "
-                "late; retry on another replica or later",
+                "late; retry on another replica or later"
             )
-            self.stats.count_finish("expired")
-            self.observer.on_finish(request.params.tier, "expired", 0)
+            self._end_queued(request, "expired", "UNAVAILABLE", message)
 
     def _cancel_queued(self, request: EngineRequest) -> None:
+        self._end_queued(request, "cancelled", "CANCELLED", "the client cancelled this request")
+
+    def _end_queued(self, request: EngineRequest, status: str, code: str, message: str) -> None:
+        """End a request that never got (back) a slot: its error, its finish counted under `status`."""
         self._suspended.pop(request.request_id, None)
-        request.sink.fail("CANCELLED", "the client cancelled this request")
-        self.stats.count_finish("cancelled")
-        self.observer.on_finish(request.params.tier, "cancelled", 0)
+        request.sink.fail(code, message)
+        self.stats.count_finish(status)
+        self.observer.on_finish(request.params.tier, status, 0)
 
     def _admit(self) -> bool:
         admitted = False
