@@ -344,23 +344,28 @@ class PrefixCache:
         """Up to `count` free pool indices (ascending: mostly one run, a slice), evicting the oldest
         unpinned, unprotected blocks; the evicted blocks go to L2, never into the L2 slots of `keep`."""
         indices = [self.free.pop() for _ in range(min(count, len(self.free)))]
-        evicted: list[tuple[bytes, int]] = []
-        while len(indices) < count and (victim := self._victim()) is not None:
-            self.evictions += 1
-            evicted.append((victim, self.index.pop(victim)))
-            indices.append(evicted[-1][1])
+        evicted = self._evict(count - len(indices))
+        self.evictions += len(evicted)
+        indices += [index for index, _ in evicted]
         if evicted and self.l2 is not None:  # demote rather than forget, copied before any overwrite
-            evicted.sort(key=lambda pair: pair[1])  # a chain is evicted tail first: descending rows
-            keys, rows = [key for key, _ in evicted], [index for _, index in evicted]
+            evicted.sort()  # a chain is evicted tail first: descending rows
+            keys, rows = [key for _, key in evicted], [index for index, _ in evicted]
             self.l2.put_many(keys, self.pool, keep, rows=rows)  # straight out of the pool: no gather
         return sorted(indices)
 
-    def _victim(self) -> bytes | None:
-        """The oldest block that may be evicted. Pinned and protected blocks met on the way move to the
-        recent end (they are never evicted here), so later scans do not walk past them again."""
-        for _ in range(len(self.index)):
-            key = next(iter(self.index))
-            if key not in self.pinned and key not in self._protected:
-                return key
-            self.index.move_to_end(key)
-        return None
+    def _evict(self, count: int) -> list[tuple[int, bytes]]:
+        """Take up to `count` of the oldest blocks that may be evicted out of the index, as (row, key), in
+        one pass (a call and a fresh scan per victim was ~1.7 us of a 15-block store on the CPU). Pinned
+        and protected blocks met on the way move to the recent end (they are never evicted here), so
+        later scans do not walk past them again; a whole pass of them in a row ends the scan."""
+        evicted: list[tuple[int, bytes]] = []
+        passed = 0
+        while len(evicted) < count and passed < len(self.index):
+            key, index = self.index.popitem(last=False)
+            if key in self.pinned or key in self._protected:
+                self.index[key] = index
+                passed += 1
+            else:
+                evicted.append((index, key))
+                passed = 0
+        return evicted

@@ -142,5 +142,94 @@ def test_the_victim_is_always_the_lowest_rank_under_random_traffic(k):
             pool.put(key, block(0), pin=rng.random() < 0.03)
         keep = frozenset(rng.sample(sorted(pool.index), min(2, len(pool.index))))
         candidates = [key for key in pool.index if key not in pool.pinned and key not in keep]
-        expected = min(candidates, key=lambda key: pool.ranks[key], default=None)
+        expected = min(candidates, key=lambda key: pool.rank(key), default=None)
         assert pool.victim(keep) == expected
+
+
+class ReferencePool:
+    """The eviction documented in engine/l2_pool.py, by brute force: every key's use ticks, and the
+    victim is the unpinned, unkept key of lowest (K-th last use or -1, uses, last use)."""
+
+    def __init__(self, capacity: int, k: int):
+        self.k = k
+        self.slots: dict[bytes, int] = {}
+        self.ticks: dict[bytes, list[int]] = {}
+        self.pinned: set[bytes] = set()
+        self.free = list(range(capacity - 1, -1, -1))
+        self.tick = self.evictions = self.hits = 0
+
+    def rank(self, key: bytes) -> tuple[int, int, int]:
+        ticks = self.ticks[key]
+        return (ticks[-self.k] if len(ticks) >= self.k else -1, len(ticks), ticks[-1])
+
+    def victim(self, keep: frozenset[bytes]) -> bytes | None:
+        candidates = [key for key in self.slots if key not in self.pinned and key not in keep]
+        return min(candidates, key=self.rank, default=None)
+
+    def use(self, key: bytes) -> None:
+        self.ticks[key].append(self.tick)
+        self.tick += 1
+
+    def put(self, key: bytes, pin: bool, keep: frozenset[bytes]) -> bool:
+        if key not in self.slots:
+            if self.free:
+                slot = self.free.pop()
+            elif (victim := self.victim(keep)) is None:
+                return False
+            else:
+                slot = self.slots.pop(victim)
+                del self.ticks[victim]
+                self.evictions += 1
+            self.slots[key], self.ticks[key] = slot, []
+        if pin:
+            self.pinned.add(key)
+        self.use(key)
+        return True
+
+    def take_run(self, keys: list[bytes]) -> list[int]:
+        slots = []
+        for key in keys:
+            if key not in self.slots:
+                break
+            self.use(key)
+            slots.append(self.slots[key])
+        self.hits += len(slots)
+        return slots
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_put_many_evicts_as_the_reference_model_under_random_traffic(k):
+    """put_many's path for new unpinned keys (the oldest once-used block out, the key in with no history)
+    and the per-key path it skips must leave the pool exactly as the documented eviction: the same slot
+    per key, evictions, hits, ranks, victims and block contents, whatever the mix of new, held, repeated,
+    pinned and kept keys in a run. A fresh pool every 150 steps: pins are never undone."""
+    import random
+
+    rng = random.Random(k)
+    keys = [b"k%d" % i for i in range(24)]
+    evictions = hits = 0
+    for step in range(1500):
+        if step % 150 == 0:
+            pool, reference = HostBlockPool(6, (2, 3), torch.float32, pin=False, k=k), ReferencePool(6, k)
+            contents: dict[bytes, float] = {}
+        held = sorted(reference.slots)
+        keep = frozenset(rng.sample(held, min(rng.choice([0, 0, 1, 3]), len(held))))
+        if rng.random() < 0.3:
+            run = rng.sample(held, rng.randint(0, len(held))) + [rng.choice(keys)]
+            assert pool.take_run(run) == reference.take_run(run)
+        else:
+            run = [rng.choice(keys) for _ in range(rng.randint(1, 9))]
+            pin = rng.random() < 0.02
+            rows = rng.sample(range(16), len(run))
+            source = torch.stack([block(step * 100 + row) for row in range(16)])
+            stored = [reference.put(key, pin, keep) for key in run]
+            assert pool.put_many(run, source, keep, pin, rows=rows) == sum(stored)
+            contents.update((key, step * 100 + row) for key, row, kept in zip(run, rows, stored) if kept)
+        assert pool.index == reference.slots and pool.pinned == reference.pinned
+        assert (pool.evictions, pool.hits) == (reference.evictions, reference.hits)
+        assert all(pool.rank(key) == reference.rank(key) for key in reference.slots)
+        assert pool.victim(keep) == reference.victim(keep)
+        assert all(float(pool.pool[slot][0, 0]) == contents[key] for key, slot in pool.index.items())
+        if step % 150 == 149:
+            evictions, hits = evictions + pool.evictions, hits + pool.hits
+    assert evictions > 2000 and hits > 1000, (evictions, hits)

@@ -307,6 +307,61 @@ def test_eviction_skips_pinned_blocks_and_never_the_chain_being_stored():
     assert cache.evictions == 3 and cache.pinned <= set(cache.index)
 
 
+class DemotionRecorder:
+    """Stands in for L2: records what each `put_many` demotes (keys, their L1 rows, the kept keys)."""
+
+    def __init__(self):
+        self.demoted: list[tuple[list[bytes], list[int], frozenset[bytes]]] = []
+
+    def put_many(self, keys, blocks, keep, rows):
+        self.demoted.append((keys, rows, keep))
+
+
+def scan_one_victim_at_a_time(index, free, pinned, protected, count):
+    """The allocation `_allocate` replaced: a scan from the oldest block per victim, moving pinned and
+    protected blocks met on the way to the recent end; returns (rows, evicted (row, key) by row)."""
+    rows = [free.pop() for _ in range(min(count, len(free)))]
+    evicted = []
+    while len(rows) < count:
+        victim = None
+        for _ in range(len(index)):
+            if (key := next(iter(index))) not in pinned and key not in protected:
+                victim = key
+                break
+            index.move_to_end(key)
+        if victim is None:
+            break
+        evicted.append((index.pop(victim), victim))
+        rows.append(evicted[-1][0])
+    return sorted(rows), sorted(evicted)
+
+
+def test_allocation_evicts_and_reorders_as_a_scan_per_victim_did():
+    """`_allocate` takes all its victims in one pass over the LRU order: the same rows, the same blocks
+    demoted in the same order, the same LRU order left behind, with any pinned and protected blocks."""
+    import random
+    from collections import OrderedDict
+
+    rng = random.Random(0)
+    cache = PrefixCache(TimedRunner(FakeClock(), copy_s=0.0), 10, 4, "fp")
+    for _ in range(400):
+        rows = rng.sample(range(10), 10)
+        held = rng.randint(0, 10)
+        index = OrderedDict((b"b%d" % row, row) for row in rows[:held])
+        pinned = set(rng.sample(sorted(index), rng.randint(0, held)))
+        protected = set(rng.sample(sorted(index), rng.randint(0, held // 2)))
+        keep = frozenset({b"kept"})
+        cache.index, cache.free, cache.evictions = OrderedDict(index), rows[held:], 0
+        cache.pinned, cache._protected, cache.l2 = pinned, protected, DemotionRecorder()
+        count = rng.randint(1, 12)
+        expected_rows, evicted = scan_one_victim_at_a_time(index, rows[held:], pinned, protected, count)
+        assert cache._allocate(count, keep) == expected_rows
+        assert list(cache.index.items()) == list(index.items())
+        assert cache.evictions == len(evicted)
+        demoted = [([key for _, key in evicted], [row for row, _ in evicted], keep)] if evicted else []
+        assert cache.l2.demoted == demoted
+
+
 class ContentRunner(TimedRunner):
     """Every block read from the slot holds `base` + its position: stored and demoted rows can be checked."""
 
