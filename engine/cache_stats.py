@@ -30,14 +30,18 @@ def directory_counters(tier: str, directory: KeyDirectory | None) -> dict[tuple[
 
 
 def cache_gauges(prefix: PrefixCache | None, responses: ResponseTier | None) -> dict[tuple[str, str], float]:
-    """{(tier, gauge): value now}: blocks held in L1/L2, and each key directory's size and whether it is
-    synced (0: every lookup of that tier goes to Redis)."""
+    """{(tier, gauge): value now}: blocks held in L1/L2 and their capacity (blocks, bytes), each key
+    directory's size and whether it is synced (0: every lookup of that tier goes to Redis)."""
     out: dict[tuple[str, str], float] = {}
     directories: list[tuple[str, KeyDirectory | None]] = []
     if prefix is not None:
         out[("l1", "blocks")] = len(prefix.index)
+        out[("l1", "capacity_blocks")] = prefix.capacity
+        out[("l1", "capacity_bytes")] = prefix.bytes
         if prefix.l2 is not None:
             out[("l2", "blocks")] = len(prefix.l2.index)
+            out[("l2", "capacity_blocks")] = prefix.l2.capacity
+            out[("l2", "capacity_bytes")] = prefix.l2.bytes
         if prefix.l3 is not None:
             directories.append(("l3", prefix.l3.store.directory))
     if responses is not None:

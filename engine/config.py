@@ -6,6 +6,8 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 
+from engine.cache_sizing import CacheRequest, parse_memory
+
 _ENV_REF = re.compile(r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?\}$")
 
 
@@ -65,6 +67,8 @@ class EngineConfig:
     prefix_cache_blocks: int = 256
     prefix_block_size: int = 16
     l2_cache_blocks: int = 1024
+    prefix_cache_memory: str = ""  # e.g. "8GiB": L1's size in device memory, instead of prefix_cache_blocks
+    l2_cache_memory: str = ""  # e.g. "32GiB": L2's size in pinned host memory, instead of l2_cache_blocks
     l3_kv_cache: bool = True
     l3_ttl_s: float = 86400.0
     l3_publish_first_use: bool = False  # write every new block to Redis (default: on reuse, and warmup)
@@ -124,6 +128,18 @@ class EngineConfig:
             raise ValueError(f"parameter dtype={self.dtype!r}; allowed: float32, float16, bfloat16")
         if self.max_batch_size < 1 or self.max_seq_len < 2:
             raise ValueError("max_batch_size must be >= 1 and max_seq_len >= 2")
+        if self.prefix_cache_blocks < 0 or self.l2_cache_blocks < 0:
+            raise ValueError("prefix_cache_blocks and l2_cache_blocks must be >= 0 (0: that tier is off)")
+        self.cache_request()
+
+    def cache_request(self) -> CacheRequest:
+        """The configured cache sizes; ValueError names a malformed memory size."""
+        return CacheRequest(
+            self.prefix_cache_blocks,
+            self.l2_cache_blocks,
+            parse_memory("prefix_cache_memory", self.prefix_cache_memory),
+            parse_memory("l2_cache_memory", self.l2_cache_memory),
+        )
 
     def buckets_for(self, max_len: int) -> tuple[int, ...]:
         """Prompt buckets capped at the sequence limit, always ending at the limit itself."""

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from cache.fingerprint import model_max_len, serving_fingerprint
 from cache.traffic_stats import RESERVED, StoreUnavailable, TrafficStatsStore, model_fingerprint
+from engine.cache_sizing import host_available_bytes, plan_tiers
 from engine.compile_cache import CompileCache, compile_cache_for
 from engine.config import EngineConfig
 from engine.detokenize import TokenDecoder
@@ -189,6 +190,35 @@ def build_response_tier(
     )
 
 
+def build_prefix_cache(
+    config: EngineConfig, runner: ModelRunner, model_name: str, fingerprint: str, log: Callable[[str], None]
+) -> PrefixCache | None:
+    """L1 on the runner's device with L2 and L3 behind it, sized by `cache_sizing` (ValueError when a
+    tier does not fit in the memory left: `initialize` fails naming the parameter, not with an OOM)."""
+    shape = runner.shape
+    element = torch.empty((), dtype=runner.dtype).element_size()
+    block_bytes = 2 * shape.layers * shape.kv_heads * config.prefix_block_size * shape.head_dim * element
+    on_device = runner.device.type == "cuda"
+    sizes = plan_tiers(
+        config.cache_request(),
+        block_bytes,
+        on_device,
+        torch.cuda.mem_get_info(runner.device)[0] if on_device else None,
+        host_available_bytes(),
+    )
+    if sizes.l1_blocks == 0:
+        return None
+    cache = PrefixCache(runner, sizes.l1_blocks, config.prefix_block_size, fingerprint)
+    cache.l3 = build_l3(config, model_name, fingerprint, runner, log)
+    cache.publish_on_first_use = config.l3_publish_first_use
+    if sizes.l2_blocks > 0:
+        cache.l2 = HostBlockPool(
+            sizes.l2_blocks, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=on_device
+        )
+    log(f"prefix cache: {sizes.describe()}{'' if cache.l2 is not None else ', no L2'}")
+    return cache
+
+
 def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], str]], list[dict]]:
     """Hot prefixes from a YAML file ({templates: [{text, tenant}]}) as (token ids, tenant), in file
     order (= priority). A missing or malformed file is a warmup failure, never a load failure."""
@@ -264,17 +294,7 @@ def load_engine(
     )
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
     fingerprint = serving_fingerprint(model_dir, max_len, config.dtype)
-    if config.prefix_cache_blocks > 0:
-        engine.prefix_cache = PrefixCache(
-            runner, config.prefix_cache_blocks, config.prefix_block_size, fingerprint
-        )
-        engine.prefix_cache.l3 = build_l3(config, model_name, fingerprint, runner, log)
-        engine.prefix_cache.publish_on_first_use = config.l3_publish_first_use
-        if config.l2_cache_blocks > 0:
-            pool = engine.prefix_cache.pool
-            engine.prefix_cache.l2 = HostBlockPool(
-                config.l2_cache_blocks, tuple(pool.shape[1:]), pool.dtype, pin=runner.device.type == "cuda"
-            )
+    engine.prefix_cache = build_prefix_cache(config, runner, model_name, fingerprint, log)
     hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
     compile_cache: CompileCache | None = None
     compile_failures: list[dict] = []

@@ -364,6 +364,13 @@ def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
     assert engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="foreign_keys") == 0
     assert engine_metric(metrics_url, "llm_engine_cache_state", tier="exact", gauge="directory_keys") >= 1
     assert engine_metric(metrics_url, "llm_engine_cache_state", tier="l1", gauge="blocks") >= 1
+    # the tiers' sizes, as configured (the default block counts), for fill ratios on a dashboard
+    capacity = engine_metric(metrics_url, "llm_engine_cache_state", tier="l1", gauge="capacity_blocks")
+    assert capacity == 256
+    l2_bytes = engine_metric(metrics_url, "llm_engine_cache_state", tier="l2", gauge="capacity_bytes")
+    assert l2_bytes == 4 * engine_metric(
+        metrics_url, "llm_engine_cache_state", tier="l1", gauge="capacity_bytes"
+    )
 
     # sampled without a seed, so the response caches stay out of it: the second request is a prefix hit
     shared = "Prefix savings probe: a long shared system prompt that spans several KV blocks. " * 3

@@ -1,0 +1,131 @@
+"""Cache tiers sized in bytes and checked against free memory before they are allocated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.cache_sizing import GIB, CacheRequest, host_available_bytes, parse_memory, plan_tiers
+from engine.config import EngineConfig
+
+BLOCK = 2**20  # 1 MiB blocks keep the arithmetic readable
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("8GiB", 8 * GIB), ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1.5G", 1_500_000_000),
+     ("4096", 4096), (" 3 kib ", 3072), ("", 0), ("0", 0)],
+)  # fmt: skip
+def test_memory_sizes_parse_in_both_unit_systems(text, expected):
+    assert parse_memory("l2_cache_memory", text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "-1GiB", "8 GiB of it", "1e9", "GiB"])
+def test_a_malformed_memory_size_names_its_parameter(text):
+    with pytest.raises(ValueError, match=r"l2_cache_memory=.*not a memory size"):
+        parse_memory("l2_cache_memory", text)
+
+
+def test_a_memory_size_wins_over_the_block_count():
+    request = CacheRequest(l1_blocks=256, l2_blocks=1024, l1_memory=10 * BLOCK + 5, l2_memory=0)
+    sizes = plan_tiers(request, BLOCK, on_device=True, device_free=100 * GIB, host_available=100 * GIB)
+    assert (sizes.l1_blocks, sizes.l2_blocks) == (10, 1024)
+    assert "L1 10 blocks (10.0 MiB)" in sizes.describe()
+
+
+def test_an_l1_larger_than_free_device_memory_is_refused_naming_the_parameter():
+    request = CacheRequest(256, 0, l1_memory=20 * GIB)
+    with pytest.raises(ValueError, match=r"L1 \(20480 blocks, 20.00 GiB\) does not fit.*prefix_cache_memory"):
+        plan_tiers(request, BLOCK, on_device=True, device_free=21 * GIB, host_available=None)
+    # the reserve (10% of what is free, at least 512 MiB) is what made 20 of 21 GiB too much
+    fits = plan_tiers(request, BLOCK, on_device=True, device_free=23 * GIB, host_available=None)
+    assert fits.l1_blocks == 20480
+
+
+def test_pinned_l2_beyond_the_hosts_available_memory_is_refused():
+    request = CacheRequest(16, 0, l2_memory=9 * GIB)
+    with pytest.raises(ValueError, match=r"L2 \(9.00 GiB of host memory\) does not fit.*l2_cache_memory"):
+        plan_tiers(request, BLOCK, on_device=True, device_free=None, host_available=10 * GIB)
+    assert plan_tiers(request, BLOCK, True, None, host_available=12 * GIB).l2_blocks == 9 * 1024
+
+
+def test_on_the_cpu_l1_is_host_memory_too():
+    request = CacheRequest(0, 0, l1_memory=5 * GIB, l2_memory=4 * GIB)
+    assert plan_tiers(request, BLOCK, on_device=True, device_free=None, host_available=10 * GIB).l1_blocks
+    with pytest.raises(ValueError, match=r"L1 and L2 \(9.00 GiB.*prefix_cache_memory"):
+        plan_tiers(request, BLOCK, on_device=False, device_free=None, host_available=10 * GIB)
+
+
+def test_a_memory_size_smaller_than_one_block_is_an_error_not_a_silent_off():
+    with pytest.raises(ValueError, match="holds no block"):
+        plan_tiers(CacheRequest(256, 0, l1_memory=BLOCK // 2), BLOCK, True, None, None)
+    assert plan_tiers(CacheRequest(0, 0), BLOCK, True, 0, 0).l1_blocks == 0  # blocks 0: off, as before
+
+
+def _fake_host(tmp_path: Path, available_kib: int, cgroup: dict[str, str]) -> tuple[Path, Path]:
+    proc, group = tmp_path / "proc", tmp_path / "cgroup"
+    proc.mkdir()
+    (proc / "meminfo").write_text(f"MemTotal: 99999999 kB\nMemAvailable: {available_kib} kB\n")
+    for name, text in cgroup.items():
+        (group / name).parent.mkdir(parents=True, exist_ok=True)
+        (group / name).write_text(text + "\n")
+    return proc, group
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "expected"),
+    [({}, 8 * GIB),
+     ({"memory.max": str(6 * GIB), "memory.current": str(2 * GIB)}, 4 * GIB),  # a container's limit
+     ({"memory.max": "max", "memory.current": str(2 * GIB)}, 8 * GIB),
+     ({"memory/memory.limit_in_bytes": str(3 * GIB), "memory/memory.usage_in_bytes": str(GIB)}, 2 * GIB),
+     ({"memory/memory.limit_in_bytes": str(2**63 - 4096), "memory/memory.usage_in_bytes": "5"}, 8 * GIB)],
+)  # fmt: skip
+def test_available_host_memory_is_the_lower_of_the_host_and_its_cgroup(tmp_path, cgroup, expected):
+    proc, group = _fake_host(tmp_path, 8 * GIB // 1024, cgroup)
+    assert host_available_bytes(proc, group) == expected
+
+
+def test_unreadable_host_memory_is_unknown_not_zero(tmp_path):
+    assert host_available_bytes(tmp_path / "none", tmp_path / "none") is None
+
+
+def test_the_config_rejects_a_malformed_size_and_negative_counts(tmp_path):
+    with pytest.raises(ValueError, match="prefix_cache_memory='8 gigs'"):
+        EngineConfig.from_parameters({"model_dir": str(tmp_path), "prefix_cache_memory": "8 gigs"})
+    with pytest.raises(ValueError, match="l2_cache_blocks must be >= 0"):
+        EngineConfig.from_parameters({"model_dir": str(tmp_path), "l2_cache_blocks": "-5"})
+
+
+def _load(**overrides):
+    from engine.loader import load_engine
+    from tests.conftest import MODEL_DIR
+
+    config = EngineConfig(
+        model_dir=str(MODEL_DIR), response_cache=False, l3_kv_cache=False, prefill_templates="", warmup=False,
+        **overrides,
+    )  # fmt: skip
+    return load_engine(config, log=lambda message: None).engine
+
+
+def test_the_loader_sizes_both_tiers_from_memory_and_reports_their_capacity():
+    from engine.cache_stats import cache_gauges
+
+    engine = _load(prefix_cache_blocks=4, l2_cache_blocks=4)
+    try:
+        block = engine.prefix_cache.bytes // engine.prefix_cache.capacity
+    finally:
+        engine.shutdown(1.0)
+    engine = _load(prefix_cache_memory=str(7 * block + block // 2), l2_cache_memory=f"{11 * block}")
+    try:
+        gauges = cache_gauges(engine.prefix_cache, None)
+        assert (engine.prefix_cache.capacity, engine.prefix_cache.l2.capacity) == (7, 11)
+        assert gauges[("l1", "capacity_blocks")] == 7 and gauges[("l1", "capacity_bytes")] == 7 * block
+        assert gauges[("l2", "capacity_blocks")] == 11 and gauges[("l2", "capacity_bytes")] == 11 * block
+    finally:
+        engine.shutdown(1.0)
+
+
+def test_a_tier_that_cannot_fit_fails_the_load_naming_its_parameter():
+    with pytest.raises(ValueError, match=r"L1 and L2 \(.* of host memory\) does not fit.*l2_cache_memory"):
+        _load(l2_cache_memory="1000TiB")
