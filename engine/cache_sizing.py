@@ -24,8 +24,8 @@ HOST_SHARE = 0.8  # of the host memory available: the rest is the process's own 
 
 
 def parse_memory(key: str, value: str) -> int:
-    """Bytes in a size such as `8GiB`, `512MiB`, `2GB`, `1.5G` or `1048576` (0 or empty: not set).
-    KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB (and K/M/G/T) powers of 1000."""
+    """Bytes in a size such as `8GiB`, `512MiB`, `24Gi`, `2GB`, `1.5G` or `1048576` (0 or empty: not set).
+    KiB/MiB/GiB/TiB (and Kubernetes' Ki/Mi/Gi/Ti) are powers of 1024, KB/MB/GB/TB (and K/M/G/T) of 1000."""
     if not value.strip():
         return 0
     match = _SIZE.match(value)
@@ -34,7 +34,7 @@ def parse_memory(key: str, value: str) -> int:
             f"parameter {key}={value!r} is not a memory size; use e.g. 8GiB, 512MiB, 2GB or a byte count"
         )
     unit = (match["unit"] or "").lower()
-    scale = 1024 ** ("kmgt".index(unit[0]) + 1) if unit.endswith("ib") else _UNITS[unit[:1]]
+    scale = 1024 ** ("kmgt".index(unit[0]) + 1) if "i" in unit else _UNITS[unit[:1]]
     return int(float(match["number"]) * scale)
 
 

@@ -15,7 +15,7 @@ BLOCK = 2**20  # 1 MiB blocks keep the arithmetic readable
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("8GiB", 8 * GIB), ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1.5G", 1_500_000_000),
-     ("4096", 4096), (" 3 kib ", 3072), ("", 0), ("0", 0)],
+     ("4096", 4096), (" 3 kib ", 3072), ("24Gi", 24 * GIB), ("", 0), ("0", 0)],
 )  # fmt: skip
 def test_memory_sizes_parse_in_both_unit_systems(text, expected):
     assert parse_memory("l2_cache_memory", text) == expected

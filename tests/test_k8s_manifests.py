@@ -13,6 +13,7 @@ import yaml
 
 from client.__main__ import build_parser
 from deploy.launch import DEFAULT_RUN_DIR, DRAIN_FILE, REPO_ROOT, Stack
+from engine.cache_sizing import GIB, HOST_SHARE, parse_memory
 
 DOCKER = REPO_ROOT / "docker"
 
@@ -91,3 +92,18 @@ def test_the_image_runs_the_launcher_in_the_foreground() -> None:
     cmd = re.search(r"^CMD (\[.*?\])$", (DOCKER / "Dockerfile").read_text(), re.M | re.S).group(1)
     argv = yaml.safe_load(cmd.replace("\\\n", " "))
     assert argv[:3] == ["python3", "-m", "deploy.launch"] and "--foreground" in argv
+
+
+PROCESS_HOST_GIB = 6  # the server's own host memory with the 1B model: weights loading, Python, Triton
+
+
+def test_the_pods_l2_fits_the_memory_limit_the_engine_checks_it_against(server) -> None:
+    """The engine refuses an L2 beyond HOST_SHARE of what its cgroup leaves: the manifest must not ask
+    for one, or every replica fails its load."""
+    container = server["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    l2 = parse_memory("l2_cache_memory", env["LLM_L2_CACHE_MEMORY"])
+    assert parse_memory("prefix_cache_memory", env["LLM_PREFIX_CACHE_MEMORY"]) > 0
+    limit = parse_memory("memory", container["resources"]["limits"]["memory"])
+    assert l2 <= HOST_SHARE * (limit - PROCESS_HOST_GIB * GIB)
+    assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"]
