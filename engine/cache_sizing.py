@@ -42,17 +42,30 @@ def human(size: int) -> str:
     return f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / 2**20:.1f} MiB"
 
 
+def pinned_footprint(size: int) -> int:
+    """Host memory a pinned tensor of `size` bytes takes: torch's caching host allocator (behind
+    `pin_memory=True`) rounds every allocation up to the next power of two, so 6 GiB of L2 pins 8."""
+    return 1 << (size - 1).bit_length() if size > 0 else 0
+
+
 @dataclass(frozen=True)
 class TierSizes:
     l1_blocks: int
     l2_blocks: int
     block_bytes: int
+    l2_pinned: bool = False
+
+    @property
+    def l2_host_bytes(self) -> int:
+        size = self.l2_blocks * self.block_bytes
+        return pinned_footprint(size) if self.l2_pinned else size
 
     def describe(self) -> str:
+        l2_bytes = self.l2_blocks * self.block_bytes
+        pinned = f", {human(self.l2_host_bytes)} pinned" if self.l2_host_bytes != l2_bytes else ""
         return (
             f"L1 {self.l1_blocks} blocks ({human(self.l1_blocks * self.block_bytes)}), "
-            f"L2 {self.l2_blocks} blocks ({human(self.l2_blocks * self.block_bytes)}), "
-            f"{human(self.block_bytes)} a block"
+            f"L2 {self.l2_blocks} blocks ({human(l2_bytes)}{pinned}), {human(self.block_bytes)} a block"
         )
 
 
@@ -87,8 +100,8 @@ def plan_tiers(
             f"prefix_cache_memory={human(request.l1_memory)} holds no block of {human(block_bytes)}; "
             "raise it, or set prefix_cache_blocks=0 to turn the prefix cache off"
         )
-    sizes = TierSizes(l1, l2, block_bytes)
-    l1_bytes, l2_bytes = l1 * block_bytes, l2 * block_bytes
+    sizes = TierSizes(l1, l2, block_bytes, l2_pinned=on_device)
+    l1_bytes = l1 * block_bytes
     if l1 and on_device and device_free is not None:
         reserve = max(DEVICE_RESERVE_MIN, int(DEVICE_RESERVE_SHARE * device_free))
         if l1_bytes > device_free - reserve:
@@ -98,14 +111,15 @@ def plan_tiers(
                 "kept for activations and CUDA graphs; lower prefix_cache_memory (LLM_PREFIX_CACHE_MEMORY) "
                 "or prefix_cache_blocks"
             )
-    host_bytes = l2_bytes + (0 if on_device else l1_bytes)
+    host_bytes = sizes.l2_host_bytes + (0 if on_device else l1_bytes)
     if host_available is not None and host_bytes > HOST_SHARE * host_available:
         what = "L2" if on_device else "L1 and L2"
         raise ValueError(
             f"the prefix cache's {what} ({human(host_bytes)} of host memory) does not fit: "
             f"{human(host_available)} is available to this process (the host's or its cgroup's limit, "
-            f"whichever is lower) and at most {HOST_SHARE:.0%} of it is given to caches; lower "
-            "l2_cache_memory (LLM_L2_CACHE_MEMORY) or l2_cache_blocks"
+            f"whichever is lower) and at most {HOST_SHARE:.0%} of it is given to caches"
+            + (" (pinned memory is allocated in powers of two)" if on_device else "")
+            + "; lower l2_cache_memory (LLM_L2_CACHE_MEMORY) or l2_cache_blocks"
             + ("" if on_device else ", or prefix_cache_memory / prefix_cache_blocks")
         )
     return sizes
