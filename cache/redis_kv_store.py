@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from cache.circuit_breaker import CircuitBreaker
+from cache.redis_full import FullGate
 from cache.key_directory import KeyDirectory, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 
@@ -56,6 +57,8 @@ class KVStoreStats:
     probes: int = 0  # exists_each calls that reached Redis: one round trip each
     probe_seconds: float = 0.0
     local_probes: int = 0  # exists_each calls the key directory answered without a round trip
+    full_refusals: int = 0  # writes Redis refused for memory (maxmemory, nothing to evict): writes pause
+    full_skips: int = 0  # writes not sent during such a pause
 
 
 def leading_run(present: Sequence[bool]) -> int:
@@ -99,6 +102,7 @@ class RedisKVStore:
         self.ttl_s = int(ttl_s)
         self.compress = compress
         self.breaker = breaker if breaker is not None else CircuitBreaker()
+        self.full = FullGate()
         # No retries: one timeout per call is the most a dead or slow Redis may cost a request.
         self.client = redis.Redis.from_url(
             redis_url,
@@ -117,7 +121,9 @@ class RedisKVStore:
     def stats(self) -> KVStoreStats:
         """A consistent snapshot."""
         with self._lock:
-            return dataclasses.replace(self._stats)
+            return dataclasses.replace(
+                self._stats, full_refusals=self.full.refusals, full_skips=self.full.skips
+            )
 
     def redis_key(self, key: bytes) -> str:
         if not isinstance(key, bytes) or not key:
@@ -140,7 +146,7 @@ class RedisKVStore:
         def op() -> list[bool]:
             return write_announced(self.client, self.namespace, list(zip(names, values)), self.ttl_s)
 
-        replies = self._call(op)
+        replies = self._call(op, write=True)
         if isinstance(replies, _Unavailable):
             return 0
         if self.directory is not None:
@@ -259,19 +265,24 @@ class RedisKVStore:
             setattr(self._stats, counter, getattr(self._stats, counter) + 1)
         self.last_error = f"{type(exc).__name__}: {exc}"
 
-    def _call(self, op: Callable[[], T]) -> T | _Unavailable:
-        """Run one Redis operation through the breaker; errors are counted and never raised."""
+    def _call(self, op: Callable[[], T], write: bool = False) -> T | _Unavailable:
+        """Run one Redis operation through the breaker; errors are counted and never raised. A `write`
+        also waits out a full Redis (`cache/redis_full.py`), whose refusal is not a breaker failure."""
         if not self.breaker.allow():
             with self._lock:
                 self._stats.breaker_rejections += 1
             return _UNAVAILABLE
+        if write and not self.full.allow():
+            return _UNAVAILABLE
         try:
             result = op()
         except self._redis_errors as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            if write and self.full.refused(exc):
+                return _UNAVAILABLE
             self.breaker.record_failure()
             with self._lock:
                 self._stats.errors += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
             return _UNAVAILABLE
         self.breaker.record_success()
         return result

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cache.circuit_breaker import CircuitBreaker
+from cache.redis_full import FullGate
 from cache.key_directory import KeyDirectory, write_announced
 from scheduler.messages import EngineRequestParams
 
@@ -131,12 +132,14 @@ class RedisCacheBase:
         self.client = make_redis_client(redis_url, timeout_s)
         self._redis_errors = (redis.RedisError, OSError)
         self.breaker = breaker or CircuitBreaker()
+        self.full = FullGate()  # a full Redis refuses writes, not reads: not a breaker failure
         self.stats = stats
         self._lock = threading.Lock()
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return asdict(self.stats)
+            counters = asdict(self.stats)
+        return {**counters, "full_refusals": self.full.refusals, "full_skips": self.full.skips}
 
     def close(self) -> None:
         try:
@@ -151,6 +154,11 @@ class RedisCacheBase:
     def _fail(self) -> None:
         self.breaker.record_failure()
         self._count("errors")
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """A write's error: Redis out of memory pauses writes; anything else is a breaker failure."""
+        if not self.full.refused(exc):
+            self._fail()
 
 
 class ExactResponseCache(RedisCacheBase):
@@ -257,12 +265,14 @@ class ExactResponseCache(RedisCacheBase):
         if not self.breaker.allow():
             self._count("errors")
             return False
+        if not self.full.allow():
+            return False
         key = key or self.key(prompt_ids, params)
         try:
             value = self.encode_value(key, value_text)
             write_announced(self.client, self.namespace, [(key, value)], self.ttl_s)
-        except self._redis_errors:
-            self._fail()
+        except self._redis_errors as exc:
+            self._write_failed(exc)
             return False
         self.breaker.record_success()
         if self.directory is not None:

@@ -779,6 +779,8 @@ class SemanticResponseCache(RedisCacheBase):
         if not self.breaker.allow():
             self._count("errors")
             return False
+        if not self.full.allow():
+            return False
         vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
         emb = vec.astype("<f4").tobytes()
         sig = self.signature(params)
@@ -806,8 +808,8 @@ class SemanticResponseCache(RedisCacheBase):
                     created - self.ttl_s,
                 ],
             )
-        except self._redis_errors:
-            self._fail()
+        except self._redis_errors as exc:
+            self._write_failed(exc)
             return False
         self.breaker.record_success()
         self._count("stores")

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.cache_sizing import host_available_bytes
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOLS = REPO_ROOT / ".tools"
 DEFAULT_RUN_DIR = REPO_ROOT / ".run" / "main"
@@ -257,6 +259,17 @@ def _default_triton_libs() -> str:
     return ":".join(parts)
 
 
+REDIS_MEMORY_SHARE = 0.25  # of the host memory available at start: the default bound of a Redis started here
+REDIS_POLICY = "volatile-lru"  # every cache value has a TTL; the traffic history, which has none, stays
+
+
+def default_redis_maxmemory() -> str:
+    """A quarter of the host memory available now (its cgroup's limit counted), in bytes; "0"
+    (unbounded) when that cannot be read."""
+    available = host_available_bytes()
+    return str(int(REDIS_MEMORY_SHARE * available)) if available else "0"
+
+
 @dataclass
 class StackOptions:
     repo_root: Path = REPO_ROOT
@@ -278,6 +291,7 @@ class StackOptions:
     http_port: int = 0
     metrics_port: int = 0
     redis_port: int = 0
+    redis_maxmemory: str | None = None  # of the Redis started here (None: default_redis_maxmemory)
     ready_models: tuple[str, ...] = ("llm",)
     # with warmup not off: requests through the ensemble before the stack counts as up (client/prime.py)
     prime: bool = True
@@ -588,11 +602,17 @@ def stop_run_dir(run_dir: Path | str, timeout_s: float = 30.0) -> bool:
 
 
 def _start_redis(opts: StackOptions, run_dir: Path, port: int) -> tuple[subprocess.Popen, Path]:
-    return start_redis_server(opts.redis_server, run_dir, port)
+    return start_redis_server(opts.redis_server, run_dir, port, opts.redis_maxmemory)
 
 
-def start_redis_server(binary: str, run_dir: Path, port: int) -> tuple[subprocess.Popen, Path]:
-    """A redis-server of our own (no persistence) on `port`, returned once it answers as that process."""
+def start_redis_server(
+    binary: str, run_dir: Path, port: int, maxmemory: str | None = None
+) -> tuple[subprocess.Popen, Path]:
+    """A redis-server of our own (no persistence) on `port`, returned once it answers as that process.
+    Bounded: at `maxmemory` (Redis units, "0": unbounded; None: `default_redis_maxmemory`) it evicts the
+    least recently used cache values (those with a TTL) instead of refusing writes or growing until the
+    host runs out."""
+    maxmemory = maxmemory or default_redis_maxmemory()
     exe = shutil.which(binary)
     if exe is None:
         raise StackError(f"{binary} not found; run `make setup` (apt-get install redis-server)")
@@ -611,8 +631,12 @@ def start_redis_server(binary: str, run_dir: Path, port: int) -> tuple[subproces
         "no",
         "--dir",
         str(run_dir),
+        "--maxmemory",
+        maxmemory,
+        "--maxmemory-policy",
+        REDIS_POLICY,
     ]
-    log(f"starting redis-server on port {port} (log {redis_log})")
+    log(f"starting redis-server on port {port} (maxmemory {maxmemory}, {REDIS_POLICY}; log {redis_log})")
     with open(redis_log, "ab") as f:
         proc = subprocess.Popen(
             cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -878,6 +902,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-redis", action="store_true", help="do not start redis-server; use --redis-url")
     ap.add_argument("--redis-url", default=None)
+    ap.add_argument(
+        "--redis-maxmemory",
+        default=None,
+        help=f"memory bound of the Redis started here, e.g. 8gb (default {REDIS_MEMORY_SHARE:.0%} of the "
+        f"host memory available; 0: unbounded); at it the least recently used cache values go "
+        f"({REDIS_POLICY})",
+    )
     ap.add_argument("--tritonserver", default=None, help="default: $TRITONSERVER or .tools/")
     ap.add_argument("--backend-dir", default=None, help="default: $TRITON_BACKENDS or .tools/")
     ap.add_argument("--grpc-port", type=int, default=0, help="0 = a free port")
@@ -903,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=None if a.warmup is None else a.warmup == "on",
         start_redis=not a.no_redis,
         redis_url=a.redis_url,
+        redis_maxmemory=a.redis_maxmemory,
         tritonserver=a.tritonserver,
         backend_dir=a.backend_dir,
         grpc_port=a.grpc_port,

@@ -107,3 +107,12 @@ def test_the_pods_l2_fits_the_memory_limit_the_engine_checks_it_against(server) 
     limit = parse_memory("memory", container["resources"]["limits"]["memory"])
     assert pinned_footprint(l2) <= HOST_SHARE * (limit - PROCESS_HOST_GIB * GIB)
     assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"]
+
+
+def test_the_compose_redis_is_bounded_and_evicts_as_the_launchers_does() -> None:
+    from deploy.launch import REDIS_POLICY
+
+    command = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]["redis"]["command"]
+    options = dict(zip(command[1::2], command[2::2]))
+    assert options["--maxmemory-policy"] == REDIS_POLICY
+    assert parse_memory("maxmemory", options["--maxmemory"].replace("gb", "GB")) >= GIB

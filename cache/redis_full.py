@@ -1,0 +1,52 @@
+"""A Redis at `maxmemory` that cannot evict (policy `noeviction`, or `volatile-*` with no key left to
+evict) refuses writes with "OOM command not allowed" but still answers reads. Counted as a breaker
+failure, that refusal would open the breaker and stop the reads too: every cache hit lost because the
+cache is full. So a refused write only pauses writes for a moment, and the refusals and the writes
+skipped meanwhile are counted (`full_refusals`, `full_skips`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+FULL_PAUSE_S = 1.0  # writes sent into a full Redis are wasted: an L3 chain is megabytes
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether Redis refused a command for want of memory (redis-py's OutOfMemoryError, or a script's
+    error that wraps the same reply)."""
+    from redis.exceptions import OutOfMemoryError, ResponseError
+
+    wrapped = isinstance(exc, ResponseError) and "command not allowed when used memory" in str(exc)
+    return isinstance(exc, OutOfMemoryError) or wrapped
+
+
+class FullGate:
+    """Writes may go unless Redis refused one for memory within the last `pause_s`."""
+
+    def __init__(self, pause_s: float = FULL_PAUSE_S, clock: Callable[[], float] = time.monotonic):
+        self.pause_s = pause_s
+        self.clock = clock
+        self._until = 0.0
+        self._lock = threading.Lock()
+        self.refusals = 0
+        self.skips = 0
+
+    def allow(self) -> bool:
+        """False (and counted) while writes are paused."""
+        with self._lock:
+            if self.clock() >= self._until:
+                return True
+            self.skips += 1
+            return False
+
+    def refused(self, exc: BaseException) -> bool:
+        """Whether `exc` was Redis refusing a write for memory; if so writes pause (the breaker is not
+        told: Redis answered, and reads still work)."""
+        if not is_out_of_memory(exc):
+            return False
+        with self._lock:
+            self.refusals += 1
+            self._until = self.clock() + self.pause_s
+        return True

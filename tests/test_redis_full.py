@@ -1,0 +1,120 @@
+"""A full Redis refuses writes but still serves reads: the caches pause their writes and keep reading,
+and the Redis this project starts evicts cache values (TTL) at its bound instead of refusing."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+import torch
+
+from cache.redis_full import FullGate, is_out_of_memory
+from cache.redis_kv_store import RedisKVStore
+from cache.response_cache import ExactResponseCache
+from deploy.launch import find_free_port, start_redis_server
+from scheduler.messages import EngineRequestParams
+from tests.test_redis_kv_store import META, _block, _keys
+
+OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+GREEDY = EngineRequestParams(max_tokens=8)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_refusal_for_memory_pauses_writes_and_nothing_else_does():
+    clock = Clock()
+    gate = FullGate(pause_s=1.0, clock=clock)
+    assert not gate.refused(redis.exceptions.ResponseError("ERR wrong number of arguments"))
+    assert not gate.refused(redis.exceptions.ConnectionError("refused")) and gate.allow()
+    assert gate.refused(OOM)
+    assert not gate.allow() and not gate.allow()
+    clock.now = 1.0
+    assert gate.allow()
+    assert (gate.refusals, gate.skips) == (1, 2)
+
+
+def test_out_of_memory_is_recognized_in_a_scripts_error_too():
+    assert is_out_of_memory(OOM)
+    wrapped = redis.exceptions.ResponseError("Error in script: OOM command not allowed when used memory > x")
+    assert is_out_of_memory(wrapped)
+    assert not is_out_of_memory(redis.exceptions.ResponseError("NOSCRIPT No matching script"))
+    assert not is_out_of_memory(TimeoutError("command not allowed when used memory"))  # not a reply
+
+
+@pytest.fixture
+def small_redis(tmp_path):
+    """A Redis of 4 MB of its own, started as the launcher starts one."""
+    port = find_free_port()
+    proc, _ = start_redis_server("redis-server", tmp_path, port, maxmemory="4mb")
+    url = f"redis://localhost:{port}/0"
+    client = redis.Redis.from_url(url)
+    yield url, client
+    client.close()
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _fill(client: redis.Redis) -> None:
+    """Past maxmemory with values that have no TTL, which no policy may evict: 6 MB written unbounded,
+    then the bound put back under them."""
+    client.config_set("maxmemory", "0")
+    for i in range(6):
+        client.set(f"ballast:{i}", b"x" * 2**20)
+    client.config_set("maxmemory-policy", "noeviction")  # first: a volatile policy would evict cache values
+    client.config_set("maxmemory", "4mb")
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        client.set("probe", b"y")
+
+
+def test_a_full_redis_refuses_an_exact_answer_yet_still_serves_the_cached_ones(small_redis):
+    url, client = small_redis
+    cache = ExactResponseCache(url, fingerprint=f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    try:
+        assert cache.put([1, 2, 3], GREEDY, "kept before the fill")
+        _fill(client)
+        for i in range(6):  # more than the breaker's failure threshold
+            assert not cache.put([9, i], GREEDY, "no room")
+        assert cache.get([1, 2, 3], GREEDY) == "kept before the fill"  # the breaker did not open
+        stats = cache.snapshot()
+        assert (stats["full_refusals"], stats["full_skips"], stats["errors"]) == (1, 5, 0)
+        assert cache.breaker.allow()
+    finally:
+        cache.close()
+
+
+def test_a_full_redis_refuses_kv_blocks_without_opening_the_breaker(small_redis):
+    url, client = small_redis
+    store = RedisKVStore(url, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    try:
+        kept = _keys(1)
+        assert store.put_chain(kept, [_block(1)], META) == 1
+        _fill(client)
+        for _ in range(6):
+            assert store.put_chain(_keys(2), [_block(2), _block(3)], META) == 0
+        torch.testing.assert_close(store.get(kept[0], META), _block(1))
+        stats = store.stats
+        assert (stats.full_refusals, stats.full_skips, stats.errors, stats.breaker_rejections) == (1, 5, 0, 0)
+    finally:
+        store.close()
+
+
+def test_the_redis_this_project_starts_evicts_cache_values_and_keeps_the_traffic_history(small_redis):
+    url, client = small_redis
+    client.set("llm:traffic:history", b"h" * 1024)  # no TTL, as the warmup planner's history
+    store = RedisKVStore(url, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    try:
+        blocks = [_block(i) for i in range(8)]
+        written = sum(store.put_chain(_keys(8), blocks, META) for _ in range(500))  # ~10 MB, past the bound
+        assert written == 4000 and store.stats.full_refusals == 0
+        assert client.dbsize() < 4000  # the oldest blocks were evicted to make room
+        assert client.get("llm:traffic:history") == b"h" * 1024
+        assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "volatile-lru"
+    finally:
+        store.close()
