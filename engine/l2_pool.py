@@ -51,14 +51,6 @@ class HostBlockPool:
         self._stream: torch.cuda.Stream | None = None
         self._inflight = False
 
-    @property
-    def capacity(self) -> int:
-        return self.pool.shape[0]
-
-    @property
-    def bytes(self) -> int:
-        return self.pool.numel() * self.pool.element_size()
-
     def __contains__(self, key: bytes) -> bool:
         return key in self.index
 

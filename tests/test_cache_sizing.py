@@ -129,7 +129,7 @@ def test_the_loader_sizes_both_tiers_from_memory_and_reports_their_capacity():
     engine = _load(prefix_cache_memory=str(7 * block + block // 2), l2_cache_memory=f"{11 * block}")
     try:
         gauges = cache_gauges(engine.prefix_cache, None)
-        assert (engine.prefix_cache.capacity, engine.prefix_cache.l2.capacity) == (7, 11)
+        assert (engine.prefix_cache.capacity, len(engine.prefix_cache.l2.pool)) == (7, 11)
         assert gauges[("l1", "capacity_blocks")] == 7 and gauges[("l1", "capacity_bytes")] == 7 * block
         assert gauges[("l2", "capacity_blocks")] == 11 and gauges[("l2", "capacity_bytes")] == 11 * block
     finally:

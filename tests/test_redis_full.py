@@ -14,22 +14,14 @@ from cache.redis_kv_store import RedisKVStore
 from cache.response_cache import ExactResponseCache
 from deploy.launch import find_free_port, start_redis_server
 from scheduler.messages import EngineRequestParams
-from tests.test_redis_kv_store import META, _block, _keys
+from tests.test_redis_kv_store import META, FakeClock, _block, _keys
 
 OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 GREEDY = EngineRequestParams(max_tokens=8)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_refusal_for_memory_pauses_writes_and_nothing_else_does():
-    clock = Clock()
+    clock = FakeClock()
     gate = FullGate(pause_s=1.0, clock=clock)
     assert not gate.refused(redis.exceptions.ResponseError("ERR wrong number of arguments"))
     assert not gate.refused(redis.exceptions.ConnectionError("refused")) and gate.allow()
