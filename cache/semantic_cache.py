@@ -553,6 +553,7 @@ class SemanticCacheStats:
     misses: int = 0
     errors: int = 0  # Redis unreachable/slow/failing, or skipped while the breaker is open
     corrupt: int = 0  # entries that failed validation (deleted)
+    incomplete: int = 0  # entries with one of their two values gone (a bounded Redis evicted it): deleted
     uncacheable: int = 0  # temperature > 0 without a seed
     guard_rejections: int = 0  # candidates above the threshold that the guard or signature turned down
     low_band_rejections: int = 0  # lower-band candidates turned down without scoring (overlap rule, too
@@ -952,9 +953,10 @@ class SemanticResponseCache(RedisCacheBase):
             self._fail()
             return None
         self.breaker.record_success()
-        tm, bad = self._build_matrix(tenant, version, embs, docs)
+        tm, bad, halves = self._build_matrix(tenant, version, embs, docs)
         if bad:
-            self._count("corrupt", len(bad))
+            self._count("incomplete", halves)
+            self._count("corrupt", len(bad) - halves)
             try:
                 tm.version = str(int(self._delete_script(keys=keys, args=bad))).encode()
             except self._redis_errors:
@@ -969,14 +971,18 @@ class SemanticResponseCache(RedisCacheBase):
 
     def _build_matrix(
         self, tenant: str, version: bytes | None, embs: dict, docs: dict
-    ) -> tuple[_TenantMatrix, list[str]]:
+    ) -> tuple[_TenantMatrix, list[str], int]:
+        """The tenant's entries, the ids of those to delete, and how many of these had lost one of their
+        two values (the embedding or the document: a bounded Redis evicts keys, not entries)."""
         ids, prompts, answers, sigs, created, rows, bad = [], [], [], [], [], [], []
+        halves = 0
         for raw_id in set(embs) | set(docs):
             entry_id = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else str(raw_id)
             emb, raw_doc = embs.get(raw_id), docs.get(raw_id)
             record = self._validate(entry_id, tenant, emb, raw_doc)
             if record is None:
                 bad.append(entry_id)
+                halves += (emb is None) != (raw_doc is None)
                 continue
             ids.append(entry_id)
             prompts.append(record["prompt"])
@@ -986,7 +992,7 @@ class SemanticResponseCache(RedisCacheBase):
             rows.append(np.frombuffer(emb, dtype="<f4"))
         matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self.dim), np.float32)
         tm = _TenantMatrix(version, ids, prompts, answers, sigs, np.asarray(created, np.float64), matrix)
-        return tm, bad
+        return tm, bad, halves
 
     def _validate(self, entry_id: str, tenant: str, emb: bytes | None, raw_doc: bytes | None) -> dict | None:
         if emb is None or raw_doc is None or len(emb) != self.dim * 4:

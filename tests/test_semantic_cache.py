@@ -219,6 +219,18 @@ def test_corrupted_entries_are_rejected_and_deleted(cache):
     assert cache.lookup("How can I track my package?", "t", GREEDY).answer == "tracking answer"
 
 
+def test_an_entry_half_evicted_by_a_bounded_redis_is_deleted_as_incomplete_not_corrupt(cache):
+    """A bounded Redis evicts keys, not entries: the embeddings hash may go while the documents stay."""
+    cache.store(QUESTION, "t", GREEDY, "good answer")
+    emb_key, doc_key, _, ver_key = cache._keys("t")
+    cache.client.delete(emb_key)  # what volatile-lru does to one of the tenant's keys
+    cache.client.incr(ver_key)
+    assert cache.lookup(PARAPHRASE, "t", GREEDY) is None
+    stats = cache.snapshot()
+    assert (stats["incomplete"], stats["corrupt"]) == (1, 0)
+    assert cache.client.hlen(doc_key) == 0
+
+
 def test_matrix_is_cached_until_the_version_moves(cache):
     cache.store(QUESTION, "t", GREEDY, "a1")
     assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "a1"
