@@ -1,9 +1,11 @@
 """Command line client: `python -m client generate [options] PROMPT`, `python -m client warmup --rewarm`,
-`python -m client warmup --log LOG [--templates YAML] [options]` (the warmup job, client/warmup_job.py)."""
+`python -m client warmup --log LOG [--templates YAML] [options]` (the warmup job, client/warmup_job.py),
+`python -m client prime` (readiness and priming), `python -m client cache` (the cache tiers' figures)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +14,10 @@ from typing import Any, TextIO
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from client.cache_report import __doc__ as cache_report_doc
+from client.cache_report import as_dicts, format_rows, tier_rows
 from client.generate import GenerationError, GenerationResult, generate
+from client.metrics import scrape_metrics
 from client.prime import PrimeConfig, prime, prime_once
 from scheduler.messages import CACHE_MODES
 from client.rewarm import rewarm
@@ -97,7 +102,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="not ready while this file exists: the launcher's stop creates <run_dir>/draining and the "
         "replica then refuses new requests, so a readiness probe takes it out of its Service first",
     )
+    cache = commands.add_parser(
+        "cache",
+        help="the cache tiers at a glance: hits, fill, evictions, time saved, Redis trouble",
+        description=cache_report_doc,
+    )
+    cache.add_argument(
+        "--metrics-url",
+        default="http://localhost:8002/metrics",
+        help="Triton's metrics (default: %(default)s)",
+    )
+    cache.add_argument("--json", action="store_true", help="one JSON object per tier instead of a table")
     return parser
+
+
+def run_cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        rows = tier_rows(scrape_metrics(args.metrics_url))
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read {args.metrics_url}: {exc}", file=err)
+        return 1
+    if not rows:
+        print(f"error: {args.metrics_url} reports no cache tier (is llm_engine loaded?)", file=err)
+        return 1
+    print(json.dumps(as_dicts(rows)) if args.json else format_rows(rows), file=out)
+    return 0
 
 
 def sampling_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -223,6 +252,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return run_generate(args, out, err)
     if args.command == "prime":
         return run_prime(args, out, err)
+    if args.command == "cache":
+        return run_cache(args, out, err)
     if args.command == "warmup":
         check_warmup_args(parser, args)
         if args.rewarm:

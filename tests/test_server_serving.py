@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import queue
 import time
@@ -382,3 +383,13 @@ def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
 
     assert wait_for(saved, timeout_s=60, interval_s=0.2)
     assert engine_metric(metrics_url, "llm_engine_cache_total", tier="l1", counter="tokens_loaded") >= 16
+
+    # the operator's view of the same figures: `python -m client cache`
+    from client.__main__ import main
+
+    out = io.StringIO()
+    assert main(["cache", "--metrics-url", metrics_url, "--json"], out=out, err=io.StringIO()) == 0
+    tiers = {row["tier"]: row for row in json.loads(out.getvalue())}
+    assert {"l1", "l2", "l3", "exact"} <= set(tiers)
+    assert tiers["l1"]["capacity"] == 256 and tiers["l1"]["hits"] >= 1 and tiers["l1"]["seconds_saved"] > 0
+    assert tiers["exact"]["misses"] >= 1 and tiers["exact"]["errors"] == 0

@@ -1,0 +1,102 @@
+"""`python -m client cache`: the cache tiers at a glance, from Triton's /metrics.
+
+The engine exports one counter family per tier (`llm_engine_cache_total{tier, counter}`) and one gauge
+family (`llm_engine_cache_state{tier, gauge}`); an operator asking "is the cache doing anything, is it
+full, is Redis healthy?" should not have to write PromQL for it. Counters are cumulative since the
+engine started; a hit is a block for the KV tiers (L1/L2/L3) and a request for the response caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from client.metrics import metric_total
+
+TIERS = ("l1", "l2", "l3", "exact", "semantic")
+UNITS = {"l1": "blocks", "l2": "blocks", "l3": "blocks", "exact": "requests", "semantic": "requests"}
+HIT_COUNTER = {"l1": "hit_blocks", "l2": "hit_blocks"}  # others: "hits"
+BAD_COUNTERS = ("corrupt", "checksum_failures", "incompatible", "incomplete")
+
+
+@dataclass(frozen=True)
+class TierRow:
+    tier: str
+    unit: str
+    hits: float
+    misses: float | None  # the KV tiers count a miss where the chain continues in the next tier: none
+    held: float | None  # blocks held now (L1/L2)
+    capacity: float | None
+    evictions: float
+    seconds_saved: float
+    seconds_lost: float  # loads slower than recomputing would have been
+    errors: float  # Redis unreachable, slow or failing
+    bad_values: float  # corrupt, incompatible or half-evicted values, deleted
+    full_refusals: float  # writes a full Redis refused
+
+    @property
+    def hit_rate(self) -> float | None:
+        if self.misses is None or self.hits + self.misses == 0:
+            return None
+        return self.hits / (self.hits + self.misses)
+
+    @property
+    def fill(self) -> float | None:
+        return None if not self.capacity or self.held is None else self.held / self.capacity
+
+
+def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
+    """One row per tier the engine reports (a tier it does not run has no samples)."""
+    rows = []
+    for tier in TIERS:
+        if not any(f'tier="{tier}"' in key for key in metrics if key.startswith("llm_engine_cache_")):
+            continue
+
+        def counter(name: str, tier: str = tier) -> float:
+            return metric_total(metrics, "llm_engine_cache_total", tier=tier, counter=name)
+
+        def gauge(name: str, tier: str = tier) -> float | None:
+            present = any(f'gauge="{name}"' in key and f'tier="{tier}"' in key for key in metrics)
+            return metric_total(metrics, "llm_engine_cache_state", tier=tier, gauge=name) if present else None
+
+        kv = tier in ("l1", "l2")
+        rows.append(
+            TierRow(
+                tier=tier,
+                unit=UNITS[tier],
+                hits=counter(HIT_COUNTER.get(tier, "hits")),
+                misses=None if kv else counter("misses"),
+                held=gauge("blocks"),
+                capacity=gauge("capacity_blocks"),
+                evictions=counter("evictions"),
+                seconds_saved=counter("seconds_saved"),
+                seconds_lost=counter("seconds_lost_slow_load"),
+                errors=counter("errors"),
+                bad_values=sum(counter(name) for name in BAD_COUNTERS),
+                full_refusals=counter("full_refusals"),
+            )
+        )
+    return rows
+
+
+def _figure(value: float | None, fmt: str = "{:g}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def format_rows(rows: list[TierRow]) -> str:
+    headers = ["tier", "hits", "misses", "hit rate", "held / capacity", "evictions", "saved s", "lost s",
+               "errors", "bad values", "full refusals"]  # fmt: skip
+    body = []
+    for row in rows:
+        held = "-" if row.capacity is None else f"{_figure(row.held)} / {row.capacity:g} ({row.fill:.0%})"
+        body.append([
+            row.tier, f"{row.hits:g} {row.unit}", _figure(row.misses), _figure(row.hit_rate, "{:.1%}"), held,
+            f"{row.evictions:g}", f"{row.seconds_saved:.3f}", f"{row.seconds_lost:.3f}", f"{row.errors:g}",
+            f"{row.bad_values:g}", f"{row.full_refusals:g}",
+        ])  # fmt: skip
+    widths = [max(len(str(line[i])) for line in [headers, *body]) for i in range(len(headers))]
+    lines = [headers, ["-" * width for width in widths], *body]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def as_dicts(rows: list[TierRow]) -> list[dict]:
+    return [{**asdict(row), "hit_rate": row.hit_rate, "fill": row.fill} for row in rows]

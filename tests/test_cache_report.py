@@ -1,0 +1,76 @@
+"""`python -m client cache`: the tiers' figures read from a metrics scrape."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from client.__main__ import main
+from client.cache_report import format_rows, tier_rows
+from client.metrics import parse_metrics
+
+SCRAPE = """
+# HELP llm_engine_cache_total cache counters
+llm_engine_cache_total{model="llm_engine",version="1",tier="l1",counter="hit_blocks"} 30
+llm_engine_cache_total{model="llm_engine",version="1",tier="l1",counter="evictions"} 12
+llm_engine_cache_total{model="llm_engine",version="1",tier="l1",counter="seconds_saved"} 0.25
+llm_engine_cache_state{model="llm_engine",version="1",tier="l1",gauge="blocks"} 64
+llm_engine_cache_state{model="llm_engine",version="1",tier="l1",gauge="capacity_blocks"} 256
+llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="hits"} 5
+llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="misses"} 15
+llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="checksum_failures"} 2
+llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="incompatible"} 1
+llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="full_refusals"} 4
+llm_engine_cache_total{model="llm_engine",version="1",tier="exact",counter="hits"} 3
+llm_engine_cache_total{model="llm_engine",version="1",tier="exact",counter="misses"} 1
+llm_engine_cache_total{model="llm_engine",version="1",tier="exact",counter="errors"} 7
+nv_inference_count{model="llm"} 99
+"""
+
+
+def test_each_reported_tier_gets_its_figures_and_absent_tiers_none():
+    rows = {row.tier: row for row in tier_rows(parse_metrics(SCRAPE))}
+    assert set(rows) == {"l1", "l3", "exact"}  # no L2 or semantic samples: not running
+    l1, l3, exact = rows["l1"], rows["l3"], rows["exact"]
+    assert (l1.hits, l1.misses, l1.held, l1.capacity, l1.fill, l1.evictions) == (30, None, 64, 256, 0.25, 12)
+    assert l1.seconds_saved == 0.25 and l1.hit_rate is None
+    assert (l3.hits, l3.hit_rate, l3.bad_values, l3.full_refusals, l3.capacity) == (5, 0.25, 3, 4, None)
+    assert (exact.hit_rate, exact.errors, exact.unit) == (0.75, 7, "requests")
+
+
+def test_the_table_shows_fill_and_hit_rate():
+    table = format_rows(tier_rows(parse_metrics(SCRAPE)))
+    l1 = next(line for line in table.splitlines() if line.startswith("l1 "))
+    assert "64 / 256 (25%)" in l1 and "30 blocks" in l1
+    assert "75.0%" in next(line for line in table.splitlines() if line.startswith("exact "))
+
+
+def test_an_unreachable_server_is_an_error_not_an_empty_table():
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["cache", "--metrics-url", "http://127.0.0.1:9/metrics"], out=out, err=err) == 1
+    assert "cannot read" in err.getvalue() and out.getvalue() == ""
+
+
+def test_json_output_is_one_object_per_tier(tmp_path):
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(SCRAPE.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = io.StringIO()
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        assert main(["cache", "--metrics-url", url, "--json"], out=out, err=io.StringIO()) == 0
+        tiers = {row["tier"]: row for row in json.loads(out.getvalue())}
+        assert tiers["l1"]["fill"] == 0.25 and tiers["exact"]["hit_rate"] == 0.75
+    finally:
+        server.shutdown()
