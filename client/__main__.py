@@ -113,7 +113,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton's metrics (default: %(default)s)",
     )
     cache.add_argument("--json", action="store_true", help="one JSON object per tier instead of a table")
+    erase = commands.add_parser(
+        "forget-tenant",
+        help="delete one tenant's cached answers (exact and semantic) from Redis",
+        description="Delete a tenant's exact and semantic response-cache entries for every model "
+        "(cache/tenant_erasure.py). KV snapshots in Redis are not named by tenant: they expire by "
+        "l3_ttl_s (24 h by default).",
+    )
+    erase.add_argument("tenant", help="the tenant, as the server names it")
+    erase.add_argument(
+        "--redis-url", required=True, help="the Redis the replicas use, e.g. redis://redis:6379/0"
+    )
+    erase.add_argument("--dry-run", action="store_true", help="count the entries, delete nothing")
     return parser
+
+
+def run_forget_tenant(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import redis
+
+    from cache.tenant_erasure import erase_tenant
+
+    client = redis.Redis.from_url(args.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    try:
+        erasure = erase_tenant(client, args.tenant, dry_run=args.dry_run)
+    except (redis.RedisError, ValueError) as exc:
+        print(f"error: {exc}", file=err)
+        return 1
+    finally:
+        client.close()
+    verb = "would delete" if erasure.dry_run else "deleted"
+    counts = ", ".join(f"{count} {cache} keys" for cache, count in erasure.keys.items())
+    print(f"tenant {erasure.tenant!r}: {verb} {counts}", file=out)
+    return 0
 
 
 def run_cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -254,6 +285,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return run_prime(args, out, err)
     if args.command == "cache":
         return run_cache(args, out, err)
+    if args.command == "forget-tenant":
+        return run_forget_tenant(args, out, err)
     if args.command == "warmup":
         check_warmup_args(parser, args)
         if args.rewarm:

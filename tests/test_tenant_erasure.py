@@ -1,0 +1,68 @@
+"""Forgetting a tenant: its exact and semantic answers go from Redis for every model; nobody else's do."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pytest
+import redis
+
+from cache.response_cache import ExactResponseCache
+from cache.semantic_cache import SemanticResponseCache
+from cache.tenant_erasure import erase_tenant
+from client.__main__ import main
+from scheduler.messages import EngineRequestParams
+from tests.test_semantic_cache import GREEDY, QUESTION, embedder  # noqa: F401
+
+
+def params(tenant: str) -> EngineRequestParams:
+    return EngineRequestParams(max_tokens=32, tenant=tenant)
+
+
+@pytest.fixture
+def filled(redis_server, embedder):  # noqa: F811
+    """Two models' exact caches and one semantic cache, each holding answers for tenants a and b (named
+    afresh per test: the Redis is shared, and an erasure covers every model in it)."""
+    run = uuid.uuid4().hex[:8]
+    a, b = f"a-{run}", f"b-{run}"
+    models = [f"fp-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    exact = [ExactResponseCache(redis_server, fp) for fp in models]
+    semantic = SemanticResponseCache(redis_server, models[0], embedder, threshold=0.75)
+    for cache in exact:
+        for tenant in (a, b):
+            assert cache.put([1, 2, 3], params(tenant), f"{tenant}'s answer")
+    for tenant in (a, b):
+        assert semantic.store(QUESTION, tenant, GREEDY, f"{tenant}'s semantic answer")
+    yield exact, semantic, a, b
+    for cache in (*exact, semantic):
+        cache.close()
+
+
+def test_a_tenants_answers_are_deleted_for_every_model_and_only_its(redis_server, filled, monkeypatch):
+    monkeypatch.setattr("cache.tenant_erasure.DELETE_BATCH", 1)  # every key a batch of its own
+    exact, semantic, a, b = filled
+    client = redis.Redis.from_url(redis_server)
+    dry = erase_tenant(client, a, dry_run=True)
+    assert dry.keys["exact"] == 2 and dry.keys["semantic"] == 4  # 2 models; emb, doc, age, ver
+    assert all(cache.get([1, 2, 3], params(a)) == f"{a}'s answer" for cache in exact)  # nothing deleted yet
+    done = erase_tenant(client, a)
+    assert done.keys == dry.keys and not done.dry_run
+    for cache in exact:
+        assert cache.get([1, 2, 3], params(a)) is None
+        assert cache.get([1, 2, 3], params(b)) == f"{b}'s answer"
+    assert semantic.lookup(QUESTION, a, GREEDY) is None
+    assert semantic.lookup(QUESTION, b, GREEDY).answer == f"{b}'s semantic answer"
+    assert erase_tenant(client, a).keys == {"exact": 0, "semantic": 0}
+    client.close()
+
+
+def test_the_command_reports_what_it_deleted_and_refuses_an_empty_tenant(redis_server, filled):
+    b = filled[3]
+    out = io.StringIO()
+    assert main(["forget-tenant", b, "--redis-url", redis_server, "--dry-run"], out=out) == 0
+    assert "would delete 2 exact keys, 4 semantic keys" in out.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["forget-tenant", "", "--redis-url", redis_server], out=out, err=err) == 1
+    assert "tenant is empty" in err.getvalue()
+    assert main(["forget-tenant", b, "--redis-url", "redis://127.0.0.1:9/0"], out=out, err=err) == 1
