@@ -34,16 +34,20 @@ def announce_channel(namespace: str) -> str:
 
 
 def write_announced(
-    client: Any, namespace: str, values: Sequence[tuple[str, bytes]], ttl_s: int
+    client: Any, namespace: str, values: Sequence[tuple[str, bytes]], ttl_s: int, index: str | None = None
 ) -> list[bool]:
     """SET each (name, value) with a TTL and announce the names, in one round trip; whether each SET
     took. Only the SETs decide: a Redis that refuses the announcement (an ACL without channel access)
-    still stores, and readers' directories, which cannot subscribe there either, stay unsynced."""
+    still stores, and readers' directories, which cannot subscribe there either, stay unsynced.
+    `index`: a set that also gets the names (and the TTL), for keys whose names do not say whose they are."""
     pipe = client.pipeline(transaction=False)
     for name, value in values:
         pipe.set(name, value, ex=ttl_s)
     if values:
         pipe.publish(announce_channel(namespace), ANNOUNCE_SEPARATOR.join(name for name, _ in values))
+        if index is not None:
+            pipe.sadd(index, *(name for name, _ in values))
+            pipe.expire(index, ttl_s)
     replies = pipe.execute(raise_on_error=False)[: len(values)]
     for reply in replies:
         if isinstance(reply, Exception):

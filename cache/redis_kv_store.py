@@ -28,9 +28,11 @@ from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
 from cache.key_directory import KeyDirectory, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
+from cache.response_cache import tenant_tag
 
 T = TypeVar("T")
 DEFAULT_TTL_S = 24 * 3600
+TENANT_INDEX_PREFIX = "llm:kv-tenants:v1"  # outside every block namespace: key directories never list it
 # Delete a bad value only if it is still the one we read: a replica may have rewritten it meanwhile.
 _DELETE_IF_UNCHANGED = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
@@ -134,8 +136,20 @@ class RedisKVStore:
         """Store one block; False when Redis is unavailable. A meta that does not fit raises ValueError."""
         return self.put_chain([key], [tensor], meta) == 1
 
-    def put_chain(self, keys: Sequence[bytes], tensors: Sequence[torch.Tensor], meta: KVBlockMeta) -> int:
-        """Store blocks in one round trip (each SET atomic on its own); returns how many were stored."""
+    def tenant_index(self, tenant: str) -> str:
+        """The set of the block names written for `tenant`: a block's name is a hash that does not say
+        whose it is, and forgetting a tenant (`cache/tenant_erasure.py`) must find its blocks."""
+        return f"{TENANT_INDEX_PREFIX}:{self.namespace}:{tenant_tag(tenant)}"
+
+    def put_chain(
+        self,
+        keys: Sequence[bytes],
+        tensors: Sequence[torch.Tensor],
+        meta: KVBlockMeta,
+        tenant: str | None = None,
+    ) -> int:
+        """Store blocks in one round trip (each SET atomic on its own); returns how many were stored.
+        `tenant`: whose blocks they are, noted in its index (`tenant_index`)."""
         if len(keys) != len(tensors):
             raise ValueError(f"{len(keys)} keys for {len(tensors)} tensors")
         if not keys:
@@ -144,7 +158,8 @@ class RedisKVStore:
         names = [self.redis_key(k) for k in keys]
 
         def op() -> list[bool]:
-            return write_announced(self.client, self.namespace, list(zip(names, values)), self.ttl_s)
+            index = None if tenant is None else self.tenant_index(tenant)
+            return write_announced(self.client, self.namespace, list(zip(names, values)), self.ttl_s, index)
 
         replies = self._call(op, write=True)
         if isinstance(replies, _Unavailable):

@@ -1,12 +1,13 @@
-"""Delete one tenant's cached answers from Redis (an erasure request, or answers that must not be served
-again after a policy change).
+"""Delete what Redis holds for one tenant (an erasure request, or answers that must not be served again
+after a policy change): its exact and semantic answers and its KV snapshots, for every model.
 
-Exact and semantic entries carry the tenant's tag in their key names, across every model fingerprint,
-so they can be found by pattern and deleted. KV snapshots (L3) cannot: a block's key is a hash chain
-salted with the tenant, which no other tenant can produce or read, but nothing in the name says whose
-it is; they expire by their TTL (`l3_ttl_s`, 24 h by default), which is the bound to set where that
-matters. Replicas need no signal: a deleted exact key their key directory still lists costs one GET
-and is forgotten, and a semantic tenant whose version key is gone is read again from Redis.
+Exact and semantic entries carry the tenant's tag in their key names, so they are found by pattern. A
+KV block's name is a hash chain salted with the tenant, which says nothing about whose it is, so the
+engine notes every block it writes in a per-tenant index set (`RedisKVStore.tenant_index`); the blocks
+listed there are deleted with it. Blocks written before the index existed, or whose index a bounded
+Redis evicted, go by their TTL (`l3_ttl_s`, 24 h). Replicas need no signal: a deleted key their key
+directory still lists costs one GET and is forgotten, and a semantic tenant whose version key is gone
+is read again. L1/L2 blocks live in the replicas' memory until evicted or restarted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.response_cache import KEY_PREFIX as EXACT_PREFIX
+from cache.redis_kv_store import TENANT_INDEX_PREFIX
 from cache.response_cache import tenant_tag
 from cache.semantic_cache import KEY_PREFIX as SEMANTIC_PREFIX
 
@@ -44,20 +46,31 @@ def _scan(client: Any, pattern: str) -> Iterator[bytes]:
 
 
 def erase_tenant(client: Any, tenant: str, dry_run: bool = False) -> Erasure:
-    """Find (and unless `dry_run`, delete) the tenant's exact and semantic entries; raises redis errors."""
+    """Find (and unless `dry_run`, delete) the tenant's exact and semantic entries and the KV blocks its
+    index sets list; counts what existed, per cache. Raises redis errors."""
     if not tenant:
-        raise ValueError("tenant is empty: name the tenant whose cached answers to delete")
-    found: dict[str, int] = {}
-    for cache, pattern in tenant_patterns(tenant).items():
-        batch: list[bytes] = []
-        count = 0
-        for key in _scan(client, pattern):
-            count += 1
-            batch.append(key)
-            if len(batch) >= DELETE_BATCH and not dry_run:
-                client.unlink(*batch)
-                batch = []
-        if batch and not dry_run:
-            client.unlink(*batch)
-        found[cache] = count
+        raise ValueError("tenant is empty: name the tenant whose cached data to delete")
+    found = {
+        cache: _remove(client, _scan(client, pattern), dry_run)
+        for cache, pattern in tenant_patterns(tenant).items()
+    }
+    blocks = 0
+    for index in list(_scan(client, f"{TENANT_INDEX_PREFIX}:*:{tenant_tag(tenant)}")):
+        blocks += _remove(client, iter(client.smembers(index)), dry_run)
+        if not dry_run:
+            client.unlink(index)
+    found["l3"] = blocks
     return Erasure(tenant, found, dry_run)
+
+
+def _remove(client: Any, keys: Iterator[bytes], dry_run: bool) -> int:
+    """Delete `keys` in batches (or count those that exist); returns how many existed."""
+    existing, batch = 0, []
+    for key in keys:
+        batch.append(key)
+        if len(batch) >= DELETE_BATCH:
+            existing += client.exists(*batch) if dry_run else client.unlink(*batch)
+            batch = []
+    if batch:
+        existing += client.exists(*batch) if dry_run else client.unlink(*batch)
+    return existing

@@ -115,10 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--json", action="store_true", help="one JSON object per tier instead of a table")
     erase = commands.add_parser(
         "forget-tenant",
-        help="delete one tenant's cached answers (exact and semantic) from Redis",
-        description="Delete a tenant's exact and semantic response-cache entries for every model "
-        "(cache/tenant_erasure.py). KV snapshots in Redis are not named by tenant: they expire by "
-        "l3_ttl_s (24 h by default).",
+        help="delete what Redis holds for one tenant: its exact and semantic answers and its KV blocks",
+        description="Delete a tenant's exact and semantic response-cache entries and the KV blocks the "
+        "engines noted for it, for every model (cache/tenant_erasure.py). Blocks written before that index "
+        "existed go by their TTL (l3_ttl_s, 24 h by default).",
     )
     erase.add_argument("tenant", help="the tenant, as the server names it")
     erase.add_argument(

@@ -55,8 +55,8 @@ class L3Tier:
             int(torch.Size(meta.shape).numel())
             * torch.empty((), dtype=getattr(torch, meta.dtype)).element_size()
         )
-        self._writes: WriteBehind[tuple[list[bytes], torch.Tensor]] = WriteBehind(
-            lambda item: self.store.put_chain(item[0], list(item[1].unbind(0)), self.meta),
+        self._writes: WriteBehind[tuple[list[bytes], torch.Tensor, str | None]] = WriteBehind(
+            lambda item: self.store.put_chain(item[0], list(item[1].unbind(0)), self.meta, tenant=item[2]),
             "l3-writer",
             backlog,
         )
@@ -124,8 +124,9 @@ class L3Tier:
             self.cost.observe_load(len(blocks) * self.block_bytes, time.perf_counter() - started)
         return blocks, "loaded" if len(blocks) == available else "partial"
 
-    def publish(self, keys: list[bytes], blocks: torch.Tensor) -> None:
+    def publish(self, keys: list[bytes], blocks: torch.Tensor, tenant: str | None = None) -> None:
         """Queue blocks [n, ...] for Redis; when the writer falls behind, drop rather than wait.
+        `tenant`: whose blocks they are (noted in Redis, so that forgetting a tenant finds them).
 
         Blocks Redis was recently seen holding (a chain recomputed because that was cheaper than
         loading it) are not written again: the device-to-host copy and the rewrite would only compete
@@ -137,7 +138,7 @@ class L3Tier:
             return
         if len(fresh) < len(keys):
             keys, blocks = [keys[i] for i in fresh], blocks[fresh]
-        self._writes.submit((keys, blocks.to("cpu", copy=True)))
+        self._writes.submit((keys, blocks.to("cpu", copy=True), tenant))
         self._remember(keys)
 
     def unknown(self, keys: list[bytes]) -> list[int]:

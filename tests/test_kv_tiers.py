@@ -57,6 +57,9 @@ def test_a_new_replica_loads_the_prefix_from_redis_and_answers_identically(model
     first = replica(model, redis_server, namespace)
     expected = serve(first, PROMPT + [5])
     first.prefix_cache.l3.close()  # flushes the background writes
+    store = first.prefix_cache.l3.store
+    names = {store.redis_key(key).encode() for key in first.prefix_cache.chain_keys(PROMPT + [5], "default")}
+    assert store.client.smembers(store.tenant_index("default")) == names, "forget-tenant finds them"
     second = replica(model, redis_server, namespace)
     assert serve(second, PROMPT + [5]) == expected
     assert second.stats.prefix_reused_tokens == 48 and second.prefix_cache.l3.loaded_blocks == 3
@@ -187,7 +190,7 @@ def test_by_default_blocks_reach_redis_on_reuse_or_from_warmup_traffic_only(mode
     hits = first.prefix_cache.lookup(PROMPT + [6], "default")  # the prefix is reused: worth sharing,
     assert len(hits) == 3 and writes == [], "but not before the reusing request's first token"
     serve(first, PROMPT + [6])  # ... by its store, once the first token is out
-    assert [len(keys) for keys, _ in writes] == [3]
+    assert [(len(keys), tenant) for keys, _, tenant in writes] == [(3, "default")]
     serve(first, PROMPT + [7])
     assert len(writes) == 1, "published once"
     sink = RecordingSink()
@@ -211,7 +214,7 @@ def test_every_chain_reused_since_the_last_store_is_published_once(model, redis_
     for prompt in (PROMPT + [6], other, PROMPT + [7]):  # lookups with no store between them
         assert first.prefix_cache.lookup(prompt, "default")
     serve(first, [1, 2, 3])  # the next store
-    assert sorted(len(keys) for keys, _ in writes) == [5]
+    assert sorted(len(keys) for keys, _, _ in writes) == [5]
 
 
 def test_a_block_published_on_reuse_serves_another_replica(model, redis_server, request):  # noqa: F811
@@ -234,7 +237,7 @@ def test_a_prefix_computed_again_after_eviction_counts_as_reuse(model, redis_ser
         serve(engine, [1] + [100 + i] * 112, tenant="other")
     assert writes == [] and engine.prefix_cache.evictions > 0
     serve(engine, PROMPT + [6])  # recomputed: its blocks were seen before, so they are shared now
-    assert [len(keys) for keys, _ in writes] == [3]
+    assert [len(keys) for keys, _, _ in writes] == [3]
 
 
 def test_the_l3_probe_runs_when_the_request_arrives_not_in_its_prefill(model, redis_server, request):  # noqa: F811
@@ -294,7 +297,7 @@ def test_l3_writes_the_writer_cannot_keep_up_with_are_dropped_without_waiting_an
     cache.l3 = l3
     release, writing = threading.Event(), threading.Event()
     real_put = store.put_chain
-    store.put_chain = lambda *args: writing.set() or release.wait(5) and real_put(*args)
+    store.put_chain = lambda *args, **kw: writing.set() or release.wait(5) and real_put(*args, **kw)
     blocks = torch.ones(1, 1, 2, 1, 4, 2)
     l3.publish([b"k0"], blocks)
     assert writing.wait(5), "the writer took the first block"

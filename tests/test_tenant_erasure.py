@@ -1,4 +1,5 @@
-"""Forgetting a tenant: its exact and semantic answers go from Redis for every model; nobody else's do."""
+"""Forgetting a tenant: its exact and semantic answers and its KV blocks go from Redis for every model;
+nobody else's do."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import uuid
 import pytest
 import redis
 
+from cache.redis_kv_store import RedisKVStore
 from cache.response_cache import ExactResponseCache
 from cache.semantic_cache import SemanticResponseCache
 from cache.tenant_erasure import erase_tenant
 from client.__main__ import main
 from scheduler.messages import EngineRequestParams
+from tests.test_redis_kv_store import META, _block, _keys
 from tests.test_semantic_cache import GREEDY, QUESTION, embedder  # noqa: F401
 
 
@@ -34,17 +37,22 @@ def filled(redis_server, embedder):  # noqa: F811
             assert cache.put([1, 2, 3], params(tenant), f"{tenant}'s answer")
     for tenant in (a, b):
         assert semantic.store(QUESTION, tenant, GREEDY, f"{tenant}'s semantic answer")
-    yield exact, semantic, a, b
-    for cache in (*exact, semantic):
+    kv = [RedisKVStore(redis_server, f"llm:kv:v1:{fp}") for fp in models]
+    blocks = {tenant: _keys(3, tenant) for tenant in (a, b)}
+    for store in kv:
+        for tenant, keys in blocks.items():
+            assert store.put_chain(keys, [_block(i) for i in range(3)], META, tenant=tenant) == 3
+    yield exact, semantic, a, b, kv, blocks
+    for cache in (*exact, semantic, *kv):
         cache.close()
 
 
 def test_a_tenants_answers_are_deleted_for_every_model_and_only_its(redis_server, filled, monkeypatch):
     monkeypatch.setattr("cache.tenant_erasure.DELETE_BATCH", 1)  # every key a batch of its own
-    exact, semantic, a, b = filled
+    exact, semantic, a, b, kv, blocks = filled
     client = redis.Redis.from_url(redis_server)
     dry = erase_tenant(client, a, dry_run=True)
-    assert dry.keys["exact"] == 2 and dry.keys["semantic"] == 4  # 2 models; emb, doc, age, ver
+    assert dry.keys == {"exact": 2, "semantic": 4, "l3": 6}  # 2 models; emb, doc, age, ver; 3 blocks each
     assert all(cache.get([1, 2, 3], params(a)) == f"{a}'s answer" for cache in exact)  # nothing deleted yet
     done = erase_tenant(client, a)
     assert done.keys == dry.keys and not done.dry_run
@@ -53,7 +61,11 @@ def test_a_tenants_answers_are_deleted_for_every_model_and_only_its(redis_server
         assert cache.get([1, 2, 3], params(b)) == f"{b}'s answer"
     assert semantic.lookup(QUESTION, a, GREEDY) is None
     assert semantic.lookup(QUESTION, b, GREEDY).answer == f"{b}'s semantic answer"
-    assert erase_tenant(client, a).keys == {"exact": 0, "semantic": 0}
+    for store in kv:
+        assert store.get(blocks[a][0], META) is None
+        assert store.get(blocks[b][0], META) is not None
+    assert erase_tenant(client, a).keys == {"exact": 0, "semantic": 0, "l3": 0}
+    assert not client.exists(kv[0].tenant_index(a)) and client.scard(kv[0].tenant_index(b)) == 3
     client.close()
 
 
@@ -61,7 +73,7 @@ def test_the_command_reports_what_it_deleted_and_refuses_an_empty_tenant(redis_s
     b = filled[3]
     out = io.StringIO()
     assert main(["forget-tenant", b, "--redis-url", redis_server, "--dry-run"], out=out) == 0
-    assert "would delete 2 exact keys, 4 semantic keys" in out.getvalue()
+    assert "would delete 2 exact keys, 4 semantic keys, 6 l3 keys" in out.getvalue()
     out, err = io.StringIO(), io.StringIO()
     assert main(["forget-tenant", "", "--redis-url", redis_server], out=out, err=err) == 1
     assert "tenant is empty" in err.getvalue()
