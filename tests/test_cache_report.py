@@ -9,23 +9,19 @@ from client.__main__ import main
 from client.cache_report import format_rows, tier_rows
 from client.metrics import parse_metrics
 
-SCRAPE = """
-# HELP llm_engine_cache_total cache counters
-llm_engine_cache_total{model="llm_engine",version="1",tier="l1",counter="hit_blocks"} 30
-llm_engine_cache_total{model="llm_engine",version="1",tier="l1",counter="evictions"} 12
-llm_engine_cache_total{model="llm_engine",version="1",tier="l1",counter="seconds_saved"} 0.25
-llm_engine_cache_state{model="llm_engine",version="1",tier="l1",gauge="blocks"} 64
-llm_engine_cache_state{model="llm_engine",version="1",tier="l1",gauge="capacity_blocks"} 256
-llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="hits"} 5
-llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="misses"} 15
-llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="checksum_failures"} 2
-llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="incompatible"} 1
-llm_engine_cache_total{model="llm_engine",version="1",tier="l3",counter="full_refusals"} 4
-llm_engine_cache_total{model="llm_engine",version="1",tier="exact",counter="hits"} 3
-llm_engine_cache_total{model="llm_engine",version="1",tier="exact",counter="misses"} 1
-llm_engine_cache_total{model="llm_engine",version="1",tier="exact",counter="errors"} 7
-nv_inference_count{model="llm"} 99
-"""
+SAMPLES = [  # (family, tier, counter or gauge, value) as the engine exports them
+    ("total", "l1", "hit_blocks", 30), ("total", "l1", "evictions", 12),
+    ("total", "l1", "seconds_saved", 0.25),
+    ("state", "l1", "blocks", 64), ("state", "l1", "capacity_blocks", 256),
+    ("total", "l3", "hits", 5), ("total", "l3", "misses", 15), ("total", "l3", "checksum_failures", 2),
+    ("total", "l3", "incompatible", 1), ("total", "l3", "full_refusals", 4),
+    ("total", "exact", "hits", 3), ("total", "exact", "misses", 1), ("total", "exact", "errors", 7),
+]  # fmt: skip
+SCRAPE = "# HELP llm_engine_cache_total cache counters\n" + "".join(
+    f'llm_engine_cache_{family}{{model="llm_engine",version="1",tier="{tier}",'
+    f'{"counter" if family == "total" else "gauge"}="{name}"}} {value}\n'
+    for family, tier, name, value in SAMPLES
+) + 'nv_inference_count{model="llm"} 99\n'
 
 
 def test_each_reported_tier_gets_its_figures_and_absent_tiers_none():
