@@ -17,11 +17,15 @@ SAMPLES = [  # (family, tier, counter or gauge, value) as the engine exports the
     ("total", "l3", "incompatible", 1), ("total", "l3", "full_refusals", 4),
     ("total", "exact", "hits", 3), ("total", "exact", "misses", 1), ("total", "exact", "errors", 7),
 ]  # fmt: skip
-SCRAPE = "# HELP llm_engine_cache_total cache counters\n" + "".join(
-    f'llm_engine_cache_{family}{{model="llm_engine",version="1",tier="{tier}",'
-    f'{"counter" if family == "total" else "gauge"}="{name}"}} {value}\n'
-    for family, tier, name, value in SAMPLES
-) + 'nv_inference_count{model="llm"} 99\n'
+SCRAPE = (
+    "# HELP llm_engine_cache_total cache counters\n"
+    + "".join(
+        f'llm_engine_cache_{family}{{model="llm_engine",version="1",tier="{tier}",'
+        f'{"counter" if family == "total" else "gauge"}="{name}"}} {value}\n'
+        for family, tier, name, value in SAMPLES
+    )
+    + 'nv_inference_count{model="llm"} 99\n'
+)
 
 
 def test_each_reported_tier_gets_its_figures_and_absent_tiers_none():
