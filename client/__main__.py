@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -15,7 +16,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from client.cache_report import __doc__ as cache_report_doc
-from client.cache_report import as_dicts, format_rows, tier_rows
+from client.cache_report import as_dicts, format_rows, redis_memory, tier_rows
 from client.generate import GenerationError, GenerationResult, generate
 from client.metrics import scrape_metrics
 from client.prime import PrimeConfig, prime, prime_once
@@ -113,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton's metrics (default: %(default)s)",
     )
     cache.add_argument("--json", action="store_true", help="one JSON object per tier instead of a table")
+    cache.add_argument(
+        "--redis-url", help="also show the Redis's memory: used against maxmemory, policy, keys evicted"
+    )
     erase = commands.add_parser(
         "forget-tenant",
         help="delete what Redis holds for one tenant: its exact and semantic answers and its KV blocks",
@@ -156,7 +160,25 @@ def run_cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not rows:
         print(f"error: {args.metrics_url} reports no cache tier (is llm_engine loaded?)", file=err)
         return 1
-    print(json.dumps(as_dicts(rows)) if args.json else format_rows(rows), file=out)
+    memory = None
+    if args.redis_url:
+        import redis
+
+        client = redis.Redis.from_url(args.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            memory = redis_memory(client)
+        except redis.RedisError as exc:
+            print(f"error: cannot read {args.redis_url}: {exc}", file=err)
+            return 1
+        finally:
+            client.close()
+    if args.json:
+        print(
+            json.dumps({"tiers": as_dicts(rows), "redis": None if memory is None else asdict(memory)}),
+            file=out,
+        )
+    else:
+        print(format_rows(rows) + ("" if memory is None else "\n" + memory.describe()), file=out)
     return 0
 
 

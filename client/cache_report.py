@@ -100,3 +100,36 @@ def format_rows(rows: list[TierRow]) -> str:
 
 def as_dicts(rows: list[TierRow]) -> list[dict]:
     return [{**asdict(row), "hit_rate": row.hit_rate, "fill": row.fill} for row in rows]
+
+
+@dataclass(frozen=True)
+class RedisMemory:
+    """The shared tier's own state: how full the Redis is and what it has evicted to stay under its bound."""
+
+    used_bytes: int
+    maxmemory: int  # 0: unbounded
+    policy: str
+    evicted_keys: int
+    expired_keys: int
+
+    def describe(self) -> str:
+        used = f"{self.used_bytes / 2**20:.1f} MiB"
+        bound = "no maxmemory (unbounded)" if not self.maxmemory else (
+            f"of {self.maxmemory / 2**20:.1f} MiB ({self.used_bytes / self.maxmemory:.0%})"
+        )  # fmt: skip
+        return (
+            f"redis: {used} {bound}, policy {self.policy}; {self.evicted_keys} keys evicted, "
+            f"{self.expired_keys} expired"
+        )
+
+
+def redis_memory(client) -> RedisMemory:
+    """From INFO; raises redis errors."""
+    memory, stats = client.info("memory"), client.info("stats")
+    return RedisMemory(
+        used_bytes=int(memory["used_memory"]),
+        maxmemory=int(memory.get("maxmemory", 0)),
+        policy=str(memory.get("maxmemory_policy", "unknown")),
+        evicted_keys=int(stats.get("evicted_keys", 0)),
+        expired_keys=int(stats.get("expired_keys", 0)),
+    )

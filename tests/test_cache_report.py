@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
+import threading
+
+import pytest
 
 from client.__main__ import main
 from client.cache_report import format_rows, tier_rows
@@ -51,9 +55,9 @@ def test_an_unreachable_server_is_an_error_not_an_empty_table():
     assert "cannot read" in err.getvalue() and out.getvalue() == ""
 
 
-def test_json_output_is_one_object_per_tier(tmp_path):
-    import http.server
-    import threading
+@pytest.fixture
+def metrics_url():
+    """A /metrics endpoint that serves SCRAPE."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
@@ -66,11 +70,27 @@ def test_json_output_is_one_object_per_tier(tmp_path):
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        out = io.StringIO()
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
-        assert main(["cache", "--metrics-url", url, "--json"], out=out, err=io.StringIO()) == 0
-        tiers = {row["tier"]: row for row in json.loads(out.getvalue())}
-        assert tiers["l1"]["fill"] == 0.25 and tiers["exact"]["hit_rate"] == 0.75
-    finally:
-        server.shutdown()
+    yield f"http://127.0.0.1:{server.server_port}/metrics"
+    server.shutdown()
+
+
+def test_json_output_is_one_object_per_tier(metrics_url):
+    out = io.StringIO()
+    assert main(["cache", "--metrics-url", metrics_url, "--json"], out=out, err=io.StringIO()) == 0
+    report = json.loads(out.getvalue())
+    tiers = {row["tier"]: row for row in report["tiers"]}
+    assert tiers["l1"]["fill"] == 0.25 and tiers["exact"]["hit_rate"] == 0.75 and report["redis"] is None
+
+
+def test_with_a_redis_url_the_report_shows_how_full_redis_is(metrics_url, redis_server):
+    out = io.StringIO()
+    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", redis_server], out=out) == 0
+    last = out.getvalue().strip().splitlines()[-1]
+    assert last.startswith("redis: ") and "policy volatile-lru" in last and "keys evicted" in last
+    out = io.StringIO()
+    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", redis_server, "--json"], out=out) == 0
+    memory = json.loads(out.getvalue())["redis"]
+    assert memory["maxmemory"] > 0 and memory["used_bytes"] > 0  # the launcher's Redis is bounded
+    err = io.StringIO()
+    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", "redis://127.0.0.1:9/0"], err=err) == 1
+    assert "cannot read redis://127.0.0.1:9/0" in err.getvalue()

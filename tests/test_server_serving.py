@@ -389,7 +389,7 @@ def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
 
     out = io.StringIO()
     assert main(["cache", "--metrics-url", metrics_url, "--json"], out=out, err=io.StringIO()) == 0
-    tiers = {row["tier"]: row for row in json.loads(out.getvalue())}
+    tiers = {row["tier"]: row for row in json.loads(out.getvalue())["tiers"]}
     assert {"l1", "l2", "l3", "exact"} <= set(tiers)
     assert tiers["l1"]["capacity"] == 256 and tiers["l1"]["hits"] >= 1 and tiers["l1"]["seconds_saved"] > 0
     assert tiers["exact"]["misses"] >= 1 and tiers["exact"]["errors"] == 0
