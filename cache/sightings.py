@@ -9,7 +9,7 @@ admission by one more sighting.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -26,6 +26,18 @@ class Sightings(Generic[K]):
         """Whether `key` was sighted before (and not forgotten since); notes this sighting either way."""
         seen = key in self._keys
         self.note(key)
+        return seen
+
+    def seen_many(self, keys: Sequence[K]) -> list[bool]:
+        """`seen_before` of distinct keys at once (a store's new blocks: one call instead of one per
+        block, on the engine thread)."""
+        known = self._keys
+        seen = [key in known for key in keys]
+        for key in keys:
+            known[key] = None
+            known.move_to_end(key)
+        while len(known) > self.limit:
+            known.popitem(last=False)
         return seen
 
     def note(self, key: K) -> None:

@@ -265,8 +265,11 @@ class PrefixCache:
             room = self.capacity // 2 - len(self.pinned)
             self.pinned.update([key for key in keys if key in self.index][: max(0, room)])
         if self.l3 is not None and stored:
-            eager = publish or pin or self.publish_on_first_use
-            second = [i for i in stored if eager or self._seen.seen_before(keys[i])]  # computed again
+            if publish or pin or self.publish_on_first_use:
+                second = stored
+            else:  # computed again: seen before
+                seen = self._seen.seen_many([keys[i] for i in stored])
+                second = [i for i, again in zip(stored, seen) if again]
             if second:
                 self.l3.publish([keys[i] for i in second], blocks[second], tenant)
         return len(stored)

@@ -30,3 +30,17 @@ def test_clear_and_a_bad_limit():
     assert not seen.seen_before("a")
     with pytest.raises(ValueError, match="limit must be positive"):
         Sightings(0)
+
+
+def test_many_at_once_are_told_and_kept_as_one_at_a_time_would_be():
+    one, many = Sightings(8), Sightings(8)
+    for batch in (["a", "b", "c"], ["b", "d", "e"], ["a", "c", "f"], ["g", "b"]):  # never past the limit
+        assert many.seen_many(batch) == [one.seen_before(key) for key in batch]
+        assert list(many._keys) == list(one._keys)  # the same keys kept, in the same order
+
+
+def test_a_key_sighted_before_the_batch_counts_even_if_the_batch_pushes_it_out():
+    seen = Sightings(3)
+    seen.seen_many(["a", "b", "c"])
+    assert seen.seen_many(["x", "y", "a"]) == [False, False, True]  # one at a time, x and y would evict a
+    assert list(seen._keys) == ["x", "y", "a"]
