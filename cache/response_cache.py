@@ -101,6 +101,12 @@ def exact_key(fingerprint: str, prompt_ids: Sequence[int], params: EngineRequest
     return f"{exact_namespace(fingerprint)}:{tenant_tag(params.tenant)}:{digest}"
 
 
+def is_wrong_type(exc: BaseException) -> bool:
+    """Redis refused a command because the key holds another type (WRONGTYPE): a bad value under one
+    key, which is deleted like a corrupt one, not a Redis failure that should open the breaker."""
+    return "WRONGTYPE" in str(exc)
+
+
 def tenant_tag(tenant: str) -> str:
     """A fixed-width, key-safe form of the tenant (tenants are free text set by the server)."""
     return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
@@ -234,7 +240,9 @@ class ExactResponseCache(RedisCacheBase):
             return None
         try:
             raw = self.client.get(key)
-        except self._redis_errors:
+        except self._redis_errors as exc:
+            if is_wrong_type(exc):  # another type under our key: a bad value; Redis itself answered
+                return self._reject(key)
             self._fail()
             return None
         self.breaker.record_success()
@@ -244,13 +252,16 @@ class ExactResponseCache(RedisCacheBase):
             return None
         text = self.decode_value(key, raw)
         if text is None:
-            self._forget(key)
-            self._count("corrupt")
-            self._count("misses")
-            self._delete_quietly(key)
-            return None
+            return self._reject(key)
         self._count("hits")
         return text
+
+    def _reject(self, key: str) -> None:
+        """A value that is not one we wrote for `key`: a miss, counted as corrupt, and deleted."""
+        self._forget(key)
+        self._count("corrupt")
+        self._count("misses")
+        self._delete_quietly(key)
 
     def put(
         self, prompt_ids: Sequence[int], params: EngineRequestParams, text: str, key: str | None = None

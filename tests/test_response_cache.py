@@ -110,6 +110,19 @@ def test_corrupted_values_are_rejected_and_deleted(cache, mangle):
     assert cache.snapshot()["corrupt"] == 1
 
 
+def test_a_value_of_another_type_under_a_key_is_deleted_as_corrupt_without_opening_the_breaker(cache):
+    """GET of a key that holds a hash fails with WRONGTYPE: one bad value, not a Redis failure."""
+    params = EngineRequestParams()
+    key = cache.key(PROMPT, params)
+    for _ in range(6):  # more than the breaker's failure threshold
+        cache.client.hset(key, "field", "not ours")
+        assert cache.get(PROMPT, params) is None
+        assert cache.client.exists(key) == 0
+    assert cache.snapshot()["corrupt"] == 6 and cache.snapshot()["errors"] == 0
+    assert cache.breaker.state is BreakerState.CLOSED
+    assert cache.put(PROMPT, params, "hello there") and cache.get(PROMPT, params) == "hello there"
+
+
 def test_dead_redis_returns_misses_quickly():
     port = find_free_port()  # nothing listens there
     c = ExactResponseCache(f"redis://localhost:{port}/0", "fp", timeout_s=0.05)
