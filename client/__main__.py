@@ -24,6 +24,7 @@ from scheduler.messages import CACHE_MODES
 from client.rewarm import rewarm
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
 
+DEFAULT_METRICS_URL = "http://localhost:8002/metrics"
 JOB_ONLY = (
     "templates", "top_percent", "per_cluster", "clusters", "edge_cases", "dry_run", "tenant_field",
     "concurrency", "max_tokens", "max_prompt_tokens", "tokenizer", "no_progress", "fill_response_cache",
@@ -65,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--rewarm", action="store_true", help="reload the engine and re-run warmup")
     mode.add_argument("--log", type=Path, help="job mode: JSONL query log ({prompt, tenant, ts} per line)")
     warm.add_argument("--url", default="localhost:8001", help="Triton gRPC address (default: %(default)s)")
-    warm.add_argument("--metrics-url", default="http://localhost:8002/metrics", help="Triton metrics URL")
+    warm.add_argument(
+        "--metrics-url",
+        help=f"Triton's metrics: --rewarm reads its warmup report there (default {DEFAULT_METRICS_URL}); "
+        "the job prints the cache tiers from there once it has sent its requests",
+    )
     warm.add_argument("--model", help="model: llm_engine to re-warm, llm (the ensemble) to send the job to")
     warm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default: %(default)s)")
     job = warm.add_argument_group("job mode (with --log only)")
@@ -110,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache.add_argument(
         "--metrics-url",
-        default="http://localhost:8002/metrics",
+        default=DEFAULT_METRICS_URL,
         help="Triton's metrics (default: %(default)s)",
     )
     cache.add_argument("--json", action="store_true", help="one JSON object per tier instead of a table")
@@ -243,6 +248,7 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     return JobOptions(
         log=args.log, templates=args.templates, selection=selection, send=send,
         tenant_field=args.tenant_field or "tenant", tokenizer=args.tokenizer, dry_run=bool(args.dry_run),
+        metrics_url=args.metrics_url,
     )  # fmt: skip
 
 
@@ -260,7 +266,7 @@ def check_warmup_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 def run_rewarm(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     model = args.model or "llm_engine"
     try:
-        result = rewarm(args.url, args.metrics_url, model, args.timeout)
+        result = rewarm(args.url, args.metrics_url or DEFAULT_METRICS_URL, model, args.timeout)
     except (InferenceServerException, RuntimeError, OSError) as exc:
         print(f"error: re-warm of {model} failed: {exc}", file=err)
         return 1

@@ -506,6 +506,7 @@ class JobOptions:
     tenant_field: str = "tenant"
     tokenizer: Path | None = None
     dry_run: bool = False
+    metrics_url: str | None = None  # where the job reads the cache tiers once it has sent its requests
 
 
 def token_counter(tokenizer: Path | None) -> TokenCounter:
@@ -561,4 +562,21 @@ def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | N
         print(f"failed: {what} tenant={o.item.tenant}: {o.error}", file=err)
     if len(failed) > MALFORMED_SHOWN:
         print(f"... and {len(failed) - MALFORMED_SHOWN} more failed requests", file=err)
+    if options.metrics_url:
+        print_cache_tiers(options.metrics_url, out, err)
     return 1 if failed else 0
+
+
+def print_cache_tiers(metrics_url: str, out: TextIO, err: TextIO) -> None:
+    """What the job filled, as the server counts it; a server whose metrics cannot be read is noted, not
+    a failure of the job (the requests were sent and answered)."""
+    from client.cache_report import format_rows, tier_rows
+    from client.metrics import scrape_metrics
+
+    try:
+        rows = tier_rows(scrape_metrics(metrics_url))
+    except (OSError, ValueError) as exc:
+        print(f"warning: cannot read the cache tiers at {metrics_url}: {exc}", file=err)
+        return
+    print("cache tiers after the warmup (cumulative since the engine started):", file=out)
+    print(format_rows(rows), file=out)

@@ -85,6 +85,8 @@ def test_the_warmup_cronjob_reaches_the_services_grpc_port(server) -> None:
     host, port = args.url.split(":")
     grpc = next(p for p in server["Service"]["spec"]["ports"] if p["name"] == "grpc")
     assert (host, int(port)) == (server["Service"]["metadata"]["name"], grpc["port"])
+    metrics = next(p for p in server["Service"]["spec"]["ports"] if p["name"] == "metrics")
+    assert args.metrics_url == f"http://{host}:{metrics['port']}/metrics"
 
 
 def test_the_image_runs_the_launcher_in_the_foreground() -> None:

@@ -3,6 +3,8 @@ real run against the live server that must show up in the engine's warmup-tier c
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import io
 import time
@@ -288,3 +290,24 @@ def test_live_repeat_run_prefills_again_unless_filling_responses(grpc_url: str, 
     while finished("cached") - cached_before < len(items) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert finished("cached") - cached_before == len(items)  # only the second greedy run was answered from it
+
+
+def test_live_job_reports_the_cache_tiers_it_filled(tmp_path: Path, grpc_url: str, metrics_url: str) -> None:
+    nonce = str(time.time_ns())
+    log = _write_log(
+        tmp_path / "q.jsonl", [wj.LogRecord(f"{r.prompt} ({nonce})", r.tenant) for r in fixed_log()]
+    )
+    options = wj.JobOptions(
+        log=log, templates=None, metrics_url=metrics_url,
+        selection=wj.SelectionConfig(clusters=2, per_cluster=1),
+        send=wj.SendConfig(url=grpc_url, concurrency=2, progress=False),
+    )  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    assert wj.run_job(options, out, err, embed=topic_embed) == 0, err.getvalue()
+    report = out.getvalue().split("cache tiers after the warmup")[1]
+    l1 = next(line for line in report.splitlines() if line.startswith("l1 "))
+    assert "/ 256 (" in l1  # blocks held against the default capacity
+    unreachable = dataclasses.replace(options, metrics_url="http://127.0.0.1:9/metrics")
+    out, err = io.StringIO(), io.StringIO()
+    assert wj.run_job(unreachable, out, err, embed=topic_embed) == 0, "the job's requests still succeeded"
+    assert "warning: cannot read the cache tiers" in err.getvalue()
