@@ -57,6 +57,7 @@ from cache.response_cache import (
     RedisCacheBase,
     canonical_json,
     is_deterministic,
+    is_wrong_type,
     sampling_signature,
     sha256_hex,
     tenant_tag,
@@ -934,9 +935,8 @@ class SemanticResponseCache(RedisCacheBase):
         keys = self._keys(tenant)
         try:
             version = self.client.get(keys[3])
-        except self._redis_errors:
-            self._fail()
-            return None
+        except self._redis_errors as exc:
+            return self._read_failed(exc, keys)
         with self._lock:
             cached = self._matrices.get(tenant)
             if cached is not None and cached.version == version:
@@ -949,9 +949,8 @@ class SemanticResponseCache(RedisCacheBase):
                 pipe.hgetall(keys[0])
                 pipe.hgetall(keys[1])
                 version, embs, docs = pipe.execute()
-        except self._redis_errors:
-            self._fail()
-            return None
+        except self._redis_errors as exc:
+            return self._read_failed(exc, keys)
         self.breaker.record_success()
         tm, bad, halves = self._build_matrix(tenant, version, embs, docs)
         if bad:
@@ -968,6 +967,19 @@ class SemanticResponseCache(RedisCacheBase):
             while len(self._matrices) > self._max_cached_tenants:
                 self._matrices.popitem(last=False)
         return tm
+
+    def _read_failed(self, exc: BaseException, keys: list[str]) -> None:
+        """A tenant's keys that hold another type (WRONGTYPE) are bad values under our names: deleted and
+        counted as corrupt, as one entry is; any other error is a Redis failure for the breaker."""
+        if not is_wrong_type(exc):
+            self._fail()
+            return None
+        self._count("corrupt")
+        try:
+            self.client.delete(*keys)
+        except self._redis_errors:
+            self._fail()
+        return None
 
     def _build_matrix(
         self, tenant: str, version: bytes | None, embs: dict, docs: dict

@@ -231,6 +231,24 @@ def test_an_entry_half_evicted_by_a_bounded_redis_is_deleted_as_incomplete_not_c
     assert cache.client.hlen(doc_key) == 0
 
 
+def test_a_tenant_key_of_another_type_is_deleted_without_opening_the_breaker(cache):
+    """HGETALL of a tenant key that holds a string fails with WRONGTYPE: bad values, not a Redis failure."""
+    from cache.circuit_breaker import BreakerState
+
+    emb_key, _, _, ver_key = cache._keys("t")
+    for _ in range(6):  # more than the breaker's failure threshold
+        assert cache.store(QUESTION, "t", GREEDY, "an answer")
+        cache.client.delete(emb_key)
+        cache.client.set(emb_key, b"not a hash")
+        cache.client.incr(ver_key)
+        assert cache.lookup(PARAPHRASE, "t", GREEDY) is None
+        assert cache.client.exists(emb_key) == 0
+    assert cache.snapshot()["corrupt"] == 6 and cache.snapshot()["errors"] == 0
+    assert cache.breaker.state is BreakerState.CLOSED
+    assert cache.store(QUESTION, "t", GREEDY, "again")
+    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "again"
+
+
 def test_matrix_is_cached_until_the_version_moves(cache):
     cache.store(QUESTION, "t", GREEDY, "a1")
     assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "a1"
