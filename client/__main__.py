@@ -140,9 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run_forget_tenant(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import redis
 
+    from cache.response_cache import make_redis_client
     from cache.tenant_erasure import erase_tenant
 
-    client = redis.Redis.from_url(args.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    client = make_redis_client(args.redis_url, timeout_s=10.0)  # SCAN pages and batched UNLINKs
     try:
         erasure = erase_tenant(client, args.tenant, dry_run=args.dry_run)
     except (redis.RedisError, ValueError) as exc:
@@ -169,7 +170,9 @@ def run_cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.redis_url:
         import redis
 
-        client = redis.Redis.from_url(args.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        from cache.response_cache import make_redis_client
+
+        client = make_redis_client(args.redis_url, timeout_s=5.0)
         try:
             memory = redis_memory(client)
         except redis.RedisError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from client.metrics import metric_total
+from engine.cache_sizing import human
 
 TIERS = ("l1", "l2", "l3", "exact", "semantic")
 UNITS = {"l1": "blocks", "l2": "blocks", "l3": "blocks", "exact": "requests", "semantic": "requests"}
@@ -113,9 +114,9 @@ class RedisMemory:
     expired_keys: int
 
     def describe(self) -> str:
-        used = f"{self.used_bytes / 2**20:.1f} MiB"
+        used = human(self.used_bytes)
         bound = "no maxmemory (unbounded)" if not self.maxmemory else (
-            f"of {self.maxmemory / 2**20:.1f} MiB ({self.used_bytes / self.maxmemory:.0%})"
+            f"of {human(self.maxmemory)} ({self.used_bytes / self.maxmemory:.0%})"
         )  # fmt: skip
         return (
             f"redis: {used} {bound}, policy {self.policy}; {self.evicted_keys} keys evicted, "

@@ -195,9 +195,7 @@ def build_prefix_cache(
 ) -> PrefixCache | None:
     """L1 on the runner's device with L2 and L3 behind it, sized by `cache_sizing` (ValueError when a
     tier does not fit in the memory left: `initialize` fails naming the parameter, not with an OOM)."""
-    shape = runner.shape
-    element = torch.empty((), dtype=runner.dtype).element_size()
-    block_bytes = 2 * shape.layers * shape.kv_heads * config.prefix_block_size * shape.head_dim * element
+    block_bytes = runner.kv_bytes_per_token * config.prefix_block_size
     on_device = runner.device.type == "cuda"
     sizes = plan_tiers(
         config.cache_request(),
