@@ -161,6 +161,14 @@ class RedisCacheBase:
         self.breaker.record_failure()
         self._count("errors")
 
+    def _may_write(self) -> bool:
+        """Whether a write may be sent: not while the breaker is open (counted as an error) nor while a
+        full Redis pauses writes (counted by the gate)."""
+        if not self.breaker.allow():
+            self._count("errors")
+            return False
+        return self.full.allow()
+
     def _write_failed(self, exc: BaseException) -> None:
         """A write's error: Redis out of memory pauses writes; anything else is a breaker failure."""
         if not self.full.refused(exc):
@@ -273,10 +281,7 @@ class ExactResponseCache(RedisCacheBase):
         value_text = str(text)
         if len(value_text.encode("utf-8")) > self.max_text_bytes:
             return False
-        if not self.breaker.allow():
-            self._count("errors")
-            return False
-        if not self.full.allow():
+        if not self._may_write():
             return False
         key = key or self.key(prompt_ids, params)
         try:

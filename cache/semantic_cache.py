@@ -778,10 +778,7 @@ class SemanticResponseCache(RedisCacheBase):
         if not is_deterministic(params):
             self._count("uncacheable")
             return False
-        if not self.breaker.allow():
-            self._count("errors")
-            return False
-        if not self.full.allow():
+        if not self._may_write():
             return False
         vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
         emb = vec.astype("<f4").tobytes()
