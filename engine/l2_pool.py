@@ -10,8 +10,9 @@ Blocks used fewer than K times (at 0% hits, every demoted block: one use each) a
 insertion-ordered tables per use count, oldest first, which is their eviction order; only blocks with K
 uses go on the heap. A demotion then costs dict operations, not heap pushes and pops of stale entries.
 Such a block, unless pinned, keeps no other state: its table entry holds the ticks of its uses, and its
-history, use count and rank are built at its K-th use (or when it is pinned). At 0% hits every demotion
-is a new key evicting the oldest once-used block, which `put_many` does in a few dict operations: with
+history and rank (which holds its use count) are built at its K-th use (or when it is pinned). At 0%
+hits every demotion is a new key evicting the oldest once-used block, which `put_many` does in a few dict
+operations: with
 the full bookkeeping per key, a store's 15 demotions cost ~20 us of host time on the CPU VM, now ~6.
 """
 
@@ -35,7 +36,6 @@ class HostBlockPool:
         self.k = k
         self.index: dict[bytes, int] = {}
         self.history: dict[bytes, deque[int]] = {}
-        self.uses: dict[bytes, int] = {}
         self.pinned: set[bytes] = set()
         self.ranks: dict[bytes, tuple[int, int, int]] = {}  # K uses or pinned; else see `rank`
         self._heap: list[tuple[int, int, int, bytes]] = []  # lazy: entries whose rank changed are skipped
@@ -215,10 +215,10 @@ class HostBlockPool:
                 self._young[len(ticks)][key] = ticks
                 return
             history = self.history[key] = deque(ticks, maxlen=self.k)
-            uses = self.uses[key] = len(ticks)
+            uses = len(ticks)
         else:
             history.append(tick)
-            uses = self.uses[key] = self.uses[key] + 1
+            uses = self.ranks[key][1] + 1  # a block with a history has a rank
         kth = history[0] if len(history) == self.k else -1  # fewer than K uses: infinitely old
         rank = (kth, uses, tick)
         self.ranks[key] = rank
@@ -242,7 +242,7 @@ class HostBlockPool:
             return None
         self.evictions += 1
         if key in self.history:
-            del self.history[key], self.uses[key], self.ranks[key]
+            del self.history[key], self.ranks[key]
         else:
             self._leave_young(key)
         return self.index.pop(key)
