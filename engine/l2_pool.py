@@ -12,8 +12,8 @@ uses go on the heap. A demotion then costs dict operations, not heap pushes and 
 Such a block, unless pinned, keeps no other state: its table entry holds the ticks of its uses, and its
 history and rank (which holds its use count) are built at its K-th use (or when it is pinned). At 0%
 hits every demotion is a new key evicting the oldest once-used block, which `put_many` does in a few dict
-operations: with
-the full bookkeeping per key, a store's 15 demotions cost ~20 us of host time on the CPU VM, now ~6.
+operations: with the full bookkeeping per key, a store's 15 demotions cost ~20 us of host time on the
+CPU VM, now ~6.
 """
 
 from __future__ import annotations
