@@ -26,13 +26,15 @@ from collections import OrderedDict, deque
 import torch
 
 from engine.block_rows import copy_rows
+from engine.pinned_memory import pinned_empty
 
 
 class HostBlockPool:
     def __init__(
         self, capacity: int, block_shape: tuple[int, ...], dtype: torch.dtype, pin: bool, k: int = 2
     ):
-        self.pool = torch.empty((capacity, *block_shape), dtype=dtype, pin_memory=pin)
+        shape = (capacity, *block_shape)
+        self.pool = pinned_empty(shape, dtype) if pin else torch.empty(shape, dtype=dtype)
         self.k = k
         self.index: dict[bytes, int] = {}
         self.history: dict[bytes, deque[int]] = {}

@@ -176,3 +176,19 @@ def test_a_pending_prompt_is_stored_while_the_next_prefill_runs_on_the_device(mo
     assert len(engine.prefix_cache.lookup(first + [9], "t")) == 3
     expected = [int(model(torch.tensor([p], device="cuda")).logits[0, -1].argmax()) for p in (first, second)]
     assert [sink.tokens[0] for sink in sinks] == expected
+
+
+def test_l2_is_pinned_at_its_exact_size_and_blocks_round_trip():
+    """torch's pinned allocator would round 3 MiB + 1 block up to 4 MiB; registered pages are exact."""
+    from engine.l2_pool import HostBlockPool
+
+    block = (2, 2, 4, 16, 32)  # 8 KiB of float16
+    pool = HostBlockPool(385, block, torch.float16, pin=True)  # 3 MiB + 1 block: not a power of two
+    assert pool.page_locked and pool.pool.is_pinned()
+    assert pool.bytes == 385 * 8192
+    if hasattr(torch.cuda, "host_memory_stats"):  # none of it from torch's caching host allocator
+        assert torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) < pool.bytes
+    source = torch.randn((6, *block), device="cuda").half()
+    assert pool.put_many([bytes([i]) for i in range(6)], source) == 6
+    slots = pool.take_run([bytes([i]) for i in range(6)])
+    torch.testing.assert_close(pool.pool[slots].to("cuda"), source)
