@@ -42,30 +42,21 @@ def human(size: int) -> str:
     return f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / 2**20:.1f} MiB"
 
 
-def pinned_footprint(size: int) -> int:
-    """Host memory a pinned tensor of `size` bytes takes: torch's caching host allocator (behind
-    `pin_memory=True`) rounds every allocation up to the next power of two, so 6 GiB of L2 pins 8."""
-    return 1 << (size - 1).bit_length() if size > 0 else 0
-
-
 @dataclass(frozen=True)
 class TierSizes:
     l1_blocks: int
     l2_blocks: int
     block_bytes: int
-    l2_pinned: bool = False
 
     @property
     def l2_host_bytes(self) -> int:
-        size = self.l2_blocks * self.block_bytes
-        return pinned_footprint(size) if self.l2_pinned else size
+        """Exact: a pinned L2 is registered in place (engine.pinned_memory), never rounded up."""
+        return self.l2_blocks * self.block_bytes
 
     def describe(self) -> str:
-        l2_bytes = self.l2_blocks * self.block_bytes
-        pinned = f", {human(self.l2_host_bytes)} pinned" if self.l2_host_bytes != l2_bytes else ""
         return (
             f"L1 {self.l1_blocks} blocks ({human(self.l1_blocks * self.block_bytes)}), "
-            f"L2 {self.l2_blocks} blocks ({human(l2_bytes)}{pinned}), {human(self.block_bytes)} a block"
+            f"L2 {self.l2_blocks} blocks ({human(self.l2_host_bytes)}), {human(self.block_bytes)} a block"
         )
 
 
@@ -100,7 +91,7 @@ def plan_tiers(
             f"prefix_cache_memory={human(request.l1_memory)} holds no block of {human(block_bytes)}; "
             "raise it, or set prefix_cache_blocks=0 to turn the prefix cache off"
         )
-    sizes = TierSizes(l1, l2, block_bytes, l2_pinned=on_device)
+    sizes = TierSizes(l1, l2, block_bytes)
     l1_bytes = l1 * block_bytes
     if l1 and on_device and device_free is not None:
         reserve = max(DEVICE_RESERVE_MIN, int(DEVICE_RESERVE_SHARE * device_free))
@@ -118,7 +109,6 @@ def plan_tiers(
             f"the prefix cache's {what} ({human(host_bytes)} of host memory) does not fit: "
             f"{human(host_available)} is available to this process (the host's or its cgroup's limit, "
             f"whichever is lower) and at most {HOST_SHARE:.0%} of it is given to caches"
-            + (" (pinned memory is allocated in powers of two)" if on_device else "")
             + "; lower l2_cache_memory (LLM_L2_CACHE_MEMORY) or l2_cache_blocks"
             + ("" if on_device else ", or prefix_cache_memory / prefix_cache_blocks")
         )

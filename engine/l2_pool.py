@@ -26,7 +26,7 @@ from collections import OrderedDict, deque
 import torch
 
 from engine.block_rows import copy_rows
-from engine.pinned_memory import pinned_empty
+from engine.pinned_memory import page_locked_empty
 
 
 class HostBlockPool:
@@ -34,7 +34,9 @@ class HostBlockPool:
         self, capacity: int, block_shape: tuple[int, ...], dtype: torch.dtype, pin: bool, k: int = 2
     ):
         shape = (capacity, *block_shape)
-        self.pool = pinned_empty(shape, dtype) if pin else torch.empty(shape, dtype=dtype)
+        self.pool, self._page_locked = (
+            page_locked_empty(shape, dtype) if pin else (torch.empty(shape, dtype=dtype), False)
+        )  # page-locked: device copies out of and into the slots are asynchronous DMA
         self.k = k
         self.index: dict[bytes, int] = {}
         self.history: dict[bytes, deque[int]] = {}
@@ -48,7 +50,6 @@ class HostBlockPool:
         self._young: list[OrderedDict[bytes, tuple[int, ...]]] = [OrderedDict() for _ in range(k)]
         self.evictions = 0
         self.hits = 0
-        self._page_locked = pin and self.pool.is_pinned()  # pinned memory: device copies are async
         self._event: torch.cuda.Event | None = None
         self._stream: torch.cuda.Stream | None = None
         self._inflight = False
@@ -172,6 +173,10 @@ class HostBlockPool:
             self.hits += len(slots)
             self.settle()
         return slots
+
+    @property
+    def bytes(self) -> int:
+        return self.pool.numel() * self.pool.element_size()
 
     @property
     def page_locked(self) -> bool:

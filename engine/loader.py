@@ -213,7 +213,13 @@ def build_prefix_cache(
         cache.l2 = HostBlockPool(
             sizes.l2_blocks, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=on_device
         )
-    log(f"prefix cache: {sizes.describe()}{'' if cache.l2 is not None else ', no L2'}")
+    if cache.l2 is None:
+        l2_note = ", no L2"
+    elif on_device and not cache.l2.page_locked:
+        l2_note = ", L2 pageable: CUDA refused to lock its pages, so its copies wait"
+    else:
+        l2_note = ""
+    log(f"prefix cache: {sizes.describe()}{l2_note}")
     return cache
 
 

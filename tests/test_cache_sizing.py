@@ -50,14 +50,13 @@ def test_pinned_l2_beyond_the_hosts_available_memory_is_refused():
     assert plan_tiers(request, BLOCK, True, None, host_available=11 * GIB).l2_blocks == 8 * 1024
 
 
-def test_pinned_l2_is_checked_at_the_power_of_two_torch_pins():
-    request = CacheRequest(16, 0, l2_memory=5 * GIB)  # pinned: 8 GiB
-    with pytest.raises(ValueError, match=r"L2 \(8.00 GiB of host memory\).*powers of two"):
-        plan_tiers(request, BLOCK, on_device=True, device_free=None, host_available=9 * GIB)
-    sizes = plan_tiers(request, BLOCK, on_device=True, device_free=None, host_available=11 * GIB)
-    assert sizes.l2_host_bytes == 8 * GIB and "L2 5120 blocks (5.00 GiB, 8.00 GiB pinned)" in sizes.describe()
-    on_cpu = plan_tiers(request, BLOCK, on_device=False, device_free=None, host_available=9 * GIB)
-    assert on_cpu.l2_host_bytes == 5 * GIB  # not pinned on a CPU-only host
+def test_pinned_l2_is_checked_at_its_exact_size():
+    """Registered in place, a pinned L2 takes what it asks for: 5 GiB is not rounded up to 8."""
+    request = CacheRequest(16, 0, l2_memory=5 * GIB)
+    sizes = plan_tiers(request, BLOCK, on_device=True, device_free=None, host_available=7 * GIB)
+    assert sizes.l2_host_bytes == 5 * GIB and "L2 5120 blocks (5.00 GiB)" in sizes.describe()
+    with pytest.raises(ValueError, match=r"L2 \(5.00 GiB of host memory\) does not fit"):
+        plan_tiers(request, BLOCK, on_device=True, device_free=None, host_available=6 * GIB)
 
 
 def test_on_the_cpu_l1_is_host_memory_too():

@@ -179,16 +179,49 @@ def test_a_pending_prompt_is_stored_while_the_next_prefill_runs_on_the_device(mo
 
 
 def test_l2_is_pinned_at_its_exact_size_and_blocks_round_trip():
-    """torch's pinned allocator would round 3 MiB + 1 block up to 4 MiB; registered pages are exact."""
+    """torch's pinned allocator would round 6 MiB + 1 block up to 8 MiB; registered pages are exact."""
     from engine.l2_pool import HostBlockPool
 
-    block = (2, 2, 4, 16, 32)  # 8 KiB of float16
-    pool = HostBlockPool(385, block, torch.float16, pin=True)  # 3 MiB + 1 block: not a power of two
+    block = (2, 2, 4, 16, 32)  # 16 KiB of float16
+    before = _host_allocator_bytes()
+    pool = HostBlockPool(385, block, torch.float16, pin=True)  # 6 MiB + 1 block: not a power of two
     assert pool.page_locked and pool.pool.is_pinned()
-    assert pool.bytes == 385 * 8192
-    if hasattr(torch.cuda, "host_memory_stats"):  # none of it from torch's caching host allocator
-        assert torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) < pool.bytes
+    assert pool.bytes == 385 * 16384
+    assert _host_allocator_bytes() - before < pool.bytes  # none of it from torch's caching host allocator
     source = torch.randn((6, *block), device="cuda").half()
     assert pool.put_many([bytes([i]) for i in range(6)], source) == 6
     slots = pool.take_run([bytes([i]) for i in range(6)])
     torch.testing.assert_close(pool.pool[slots].to("cuda"), source)
+    small = [HostBlockPool(3, (1, 100), torch.float16, pin=True) for _ in range(4)]  # 600 B each
+    assert all(p.page_locked for p in small)  # a page each: none shares one another one registered
+
+
+def _host_allocator_bytes() -> int:
+    stats = getattr(torch.cuda, "host_memory_stats", None)  # not in every torch build
+    return stats().get("allocated_bytes.current", 0) if stats is not None else 0
+
+
+def test_the_loader_sizes_l1_in_device_memory_and_pins_l2_exactly():
+    """The byte-sized tiers on CUDA: L1 in device memory, L2 page-locked at the size asked (96 MiB, not
+    torch's 128). Blocks' round trips through registered pages: the demotion test above."""
+    from engine.config import EngineConfig
+    from engine.loader import load_engine
+    from tests.conftest import MODEL_DIR
+
+    if not (MODEL_DIR / "config.json").exists():
+        from engine.build_model import build
+
+        build("tiny", MODEL_DIR)
+    config = EngineConfig(
+        model_dir=str(MODEL_DIR), device="cuda", response_cache=False, l3_kv_cache=False,
+        prefill_templates="", warmup=False, prefix_cache_memory="64MiB", l2_cache_memory="96MiB",
+    )  # fmt: skip
+    before = _host_allocator_bytes()
+    engine = load_engine(config, log=lambda message: None).engine
+    try:
+        cache = engine.prefix_cache
+        assert cache.pool.is_cuda and cache.bytes <= 64 * 2**20 < cache.bytes + cache.bytes // cache.capacity
+        assert cache.l2.page_locked and cache.l2.pool.is_pinned()
+        assert cache.l2.bytes <= 96 * 2**20 and _host_allocator_bytes() - before < cache.l2.bytes
+    finally:
+        engine.shutdown(1.0)

@@ -13,7 +13,7 @@ import yaml
 
 from client.__main__ import build_parser
 from deploy.launch import DEFAULT_RUN_DIR, DRAIN_FILE, REPO_ROOT, Stack
-from engine.cache_sizing import GIB, HOST_SHARE, parse_memory, pinned_footprint
+from engine.cache_sizing import GIB, HOST_SHARE, parse_memory
 
 DOCKER = REPO_ROOT / "docker"
 
@@ -107,7 +107,7 @@ def test_the_pods_l2_fits_the_memory_limit_the_engine_checks_it_against(server) 
     l2 = parse_memory("l2_cache_memory", env["LLM_L2_CACHE_MEMORY"])
     assert parse_memory("prefix_cache_memory", env["LLM_PREFIX_CACHE_MEMORY"]) > 0
     limit = parse_memory("memory", container["resources"]["limits"]["memory"])
-    assert pinned_footprint(l2) <= HOST_SHARE * (limit - PROCESS_HOST_GIB * GIB)
+    assert l2 <= HOST_SHARE * (limit - PROCESS_HOST_GIB * GIB)
     assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"]
 
 
