@@ -43,5 +43,14 @@ def register(tensor: torch.Tensor, span: int) -> bool:
         if clear is not None:
             clear()  # else the failed call's error would surface at the next kernel launch's check
         return False
-    weakref.finalize(tensor, cudart.cudaHostUnregister, pointer)
+    release = weakref.finalize(tensor, _unregister, pointer)
+    release.atexit = False  # at exit the process's teardown frees it, CUDA's context possibly first
     return True
+
+
+def _unregister(pointer: int) -> None:
+    """Unlock once no queued copy can still touch the pages: unlike torch's pinned allocator, which keeps
+    a block until the events of its copies complete, nothing else waits for them here."""
+    for device in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(device)
+    torch.cuda.cudart().cudaHostUnregister(pointer)
