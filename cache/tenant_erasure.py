@@ -1,20 +1,27 @@
-"""Delete what Redis holds for one tenant (an erasure request, or answers that must not be served again
-after a policy change): its exact and semantic answers and its KV snapshots, for every model.
+"""Delete what Redis holds for one tenant (an erasure request, or answers that must not be served again after
+a policy change): its exact and semantic answers and its KV snapshots, for every model.
 
-Exact and semantic entries carry the tenant's tag in their key names, so they are found by pattern. A
-KV block's name is a hash chain salted with the tenant, which says nothing about whose it is, so the
-engine notes every block it writes in a per-tenant index set (`RedisKVStore.tenant_index`); the blocks
-listed there are deleted with it. Blocks written before the index existed, or whose index a bounded
-Redis evicted, go by their TTL (`l3_ttl_s`, 24 h). Replicas need no signal: a deleted key their key
-directory still lists costs one GET and is forgotten, and a semantic tenant whose version key is gone
-is read again. L1/L2 blocks live in the replicas' memory until evicted or restarted.
+Exact and semantic entries carry the tenant's tag in their key names, so they are found by pattern. A KV
+block's name is a hash chain salted with the tenant, which says nothing about whose it is, so the engine
+notes every block it writes in a per-tenant index set (`RedisKVStore.tenant_index`); the blocks listed
+there are deleted with it. Each index set is first renamed to one of the erasure's own, so that a block
+written meanwhile starts a fresh index for the next erasure instead of being deleted from a set unread; a
+renamed set that an interrupted erasure left is finished by the next. Blocks written before the index
+existed, or whose index a bounded Redis evicted, go by their TTL (`l3_ttl_s`, 24 h). Answers and blocks
+written while an erasure runs may stay: run it again once the tenant's traffic stopped. Replicas need no
+signal: a deleted key their key directory still lists costs one GET and is forgotten, and a semantic
+tenant whose version key is gone is read again. L1/L2 blocks live in the replicas' memory until evicted or
+restarted.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from cache.response_cache import KEY_PREFIX as EXACT_PREFIX
 from cache.redis_kv_store import TENANT_INDEX_PREFIX
@@ -23,6 +30,7 @@ from cache.semantic_cache import KEY_PREFIX as SEMANTIC_PREFIX
 
 SCAN_COUNT = 1000
 DELETE_BATCH = 500
+TAKEN = ":erasing:"  # an index set an erasure took over: `<index>:erasing:<id>`, same TTL
 
 
 def tenant_patterns(tenant: str) -> dict[str, str]:
@@ -55,12 +63,31 @@ def erase_tenant(client: Any, tenant: str, dry_run: bool = False) -> Erasure:
         for cache, pattern in tenant_patterns(tenant).items()
     }
     blocks = 0
-    for index in list(_scan(client, f"{TENANT_INDEX_PREFIX}:*:{tenant_tag(tenant)}")):
-        blocks += _remove(client, iter(client.smembers(index)), dry_run)
+    tag = tenant_tag(tenant)
+    left = list(_scan(client, f"{TENANT_INDEX_PREFIX}:*:{tag}{TAKEN}*"))  # by an erasure that failed
+    for index in list(_scan(client, f"{TENANT_INDEX_PREFIX}:*:{tag}")) + left:
+        listed = index if dry_run or index in left else _take(client, index)
+        if listed is None:
+            continue
+        blocks += _remove(client, client.sscan_iter(listed, count=SCAN_COUNT), dry_run)
         if not dry_run:
-            client.unlink(index)
+            client.unlink(listed)
     found["l3"] = blocks
     return Erasure(tenant, found, dry_run)
+
+
+def _take(client: Any, index: bytes) -> bytes | None:
+    """Move an index set to a name of this erasure's own, atomically, so that blocks an engine writes
+    meanwhile start a fresh index (found by the next erasure) instead of joining a set about to be
+    deleted unread. None when the set is already gone."""
+    taken = index + TAKEN.encode() + uuid.uuid4().hex.encode()
+    try:
+        client.rename(index, taken)
+    except ResponseError as exc:
+        if "no such key" in str(exc).lower():
+            return None
+        raise
+    return taken
 
 
 def _remove(client: Any, keys: Iterator[bytes], dry_run: bool) -> int:

@@ -69,6 +69,48 @@ def test_a_tenants_answers_are_deleted_for_every_model_and_only_its(redis_server
     client.close()
 
 
+class _WritesDuringErasure(redis.Redis):
+    """A client whose first read of an index set lets an engine write one more of the tenant's blocks,
+    under the model whose set is being read: `write(name of the set)`."""
+
+    def __init__(self, url: str, write) -> None:
+        super().__init__(connection_pool=redis.ConnectionPool.from_url(url))
+        self.write = write
+
+    def sscan_iter(self, name, *args, **kwargs):
+        if self.write is not None:
+            self.write, write = None, self.write
+            write(name)
+        yield from super().sscan_iter(name, *args, **kwargs)
+
+
+def test_a_block_written_during_an_erasure_stays_listed_for_the_next_one(redis_server, filled):
+    _, _, a, _, kv, blocks = filled
+    late = _keys(1, a + "-late")
+    during = []
+
+    def write(index: bytes) -> None:
+        store = next(store for store in kv if store.tenant_index(a).encode() in index)
+        assert store.put_chain(late, [_block(0)], META, tenant=a) == 1
+        during.append(store)
+
+    client = _WritesDuringErasure(redis_server, write)
+    assert erase_tenant(client, a).keys["l3"] == 6
+    store = during[0]
+    assert store.get(late[0], META) is not None and store.get(blocks[a][0], META) is None
+    assert client.smembers(store.tenant_index(a)) == {store.redis_key(late[0]).encode()}
+    assert erase_tenant(client, a).keys["l3"] == 1
+    assert store.get(late[0], META) is None
+    left = kv[1].tenant_index(a) + ":erasing:failed"  # an earlier erasure's set, stopped half-way
+    client.sadd(left, kv[1].redis_key(late[0]))
+    kv[1].put_chain(late, [_block(0)], META)
+    assert erase_tenant(client, a, dry_run=True).keys["l3"] == 1
+    assert erase_tenant(client, a).keys["l3"] == 1
+    assert kv[1].get(late[0], META) is None
+    assert not client.keys(kv[0].tenant_index(a) + "*") and not client.keys(kv[1].tenant_index(a) + "*")
+    client.close()
+
+
 def test_the_command_reports_what_it_deleted_and_refuses_an_empty_tenant(redis_server, filled):
     b = filled[3]
     out = io.StringIO()
