@@ -117,7 +117,7 @@ def plan_tiers(
 
 def host_available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
     """Memory this process can still take: the host's MemAvailable, capped by the cgroup's limit less its
-    usage (a container's limit is invisible in /proc/meminfo). None when neither can be read."""
+    working set (a container's limit is invisible in /proc/meminfo). None when neither can be read."""
     candidates = []
     try:
         for line in (proc / "meminfo").read_text().splitlines():
@@ -125,9 +125,14 @@ def host_available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/f
                 candidates.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    for limit_file, usage_file in (
-        ("memory.max", "memory.current"),  # cgroup v2
-        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),  # cgroup v1
+    for limit_file, usage_file, stat_file, inactive in (
+        ("memory.max", "memory.current", "memory.stat", "inactive_file"),  # cgroup v2
+        (  # cgroup v1
+            "memory/memory.limit_in_bytes",
+            "memory/memory.usage_in_bytes",
+            "memory/memory.stat",
+            "total_inactive_file",
+        ),
     ):
         try:
             limit = (cgroup / limit_file).read_text().strip()
@@ -135,6 +140,21 @@ def host_available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/f
         except (OSError, ValueError):
             continue
         if limit.isdigit():  # v2 says "max" when unlimited (v1 a huge number, which min() ignores)
-            candidates.append(max(0, int(limit) - usage))
+            working_set = usage - min(usage, _stat(cgroup / stat_file, inactive))
+            candidates.append(max(0, int(limit) - working_set))
         break
     return min(candidates) if candidates else None
+
+
+def _stat(path: Path, name: str) -> int:
+    """One counter of a cgroup's memory.stat, 0 when unreadable. The usage counts the page cache, and its
+    inactive file pages (the weights just read from disk, say) are reclaimed before the limit is hit: the
+    working set, as the kubelet evicts by, leaves them out."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0

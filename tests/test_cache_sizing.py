@@ -88,7 +88,13 @@ def _fake_host(tmp_path: Path, available_kib: int, cgroup: dict[str, str]) -> tu
      ({"memory.max": str(6 * GIB), "memory.current": str(2 * GIB)}, 4 * GIB),  # a container's limit
      ({"memory.max": "max", "memory.current": str(2 * GIB)}, 8 * GIB),
      ({"memory/memory.limit_in_bytes": str(3 * GIB), "memory/memory.usage_in_bytes": str(GIB)}, 2 * GIB),
-     ({"memory/memory.limit_in_bytes": str(2**63 - 4096), "memory/memory.usage_in_bytes": "5"}, 8 * GIB)],
+     ({"memory/memory.limit_in_bytes": str(2**63 - 4096), "memory/memory.usage_in_bytes": "5"}, 8 * GIB),
+     # the page cache's inactive file pages are reclaimable: not part of what the limit leaves
+     ({"memory.max": str(6 * GIB), "memory.current": str(5 * GIB),
+       "memory.stat": f"anon {2 * GIB}\nfile {3 * GIB}\ninactive_file {3 * GIB}"}, 4 * GIB),
+     ({"memory/memory.limit_in_bytes": str(3 * GIB), "memory/memory.usage_in_bytes": str(2 * GIB),
+       "memory/memory.stat": f"cache {GIB}\ntotal_inactive_file {GIB}"}, 2 * GIB),
+     ({"memory.max": str(6 * GIB), "memory.current": str(GIB), "memory.stat": "inactive_file bad"}, 5 * GIB)],
 )  # fmt: skip
 def test_available_host_memory_is_the_lower_of_the_host_and_its_cgroup(tmp_path, cgroup, expected):
     proc, group = _fake_host(tmp_path, 8 * GIB // 1024, cgroup)
