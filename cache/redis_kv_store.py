@@ -283,17 +283,18 @@ class RedisKVStore:
     def _call(self, op: Callable[[], T], write: bool = False) -> T | _Unavailable:
         """Run one Redis operation through the breaker; errors are counted and never raised. A `write`
         also waits out a full Redis (`cache/redis_full.py`), whose refusal is not a breaker failure."""
+        if write and not self.full.allow():  # first: a write not sent must not take the breaker's probe
+            return _UNAVAILABLE
         if not self.breaker.allow():
             with self._lock:
                 self._stats.breaker_rejections += 1
-            return _UNAVAILABLE
-        if write and not self.full.allow():
             return _UNAVAILABLE
         try:
             result = op()
         except self._redis_errors as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             if write and self.full.refused(exc):
+                self.breaker.record_success()  # Redis answered: it is up, only full
                 return _UNAVAILABLE
             self.breaker.record_failure()
             with self._lock:

@@ -162,16 +162,22 @@ class RedisCacheBase:
         self._count("errors")
 
     def _may_write(self) -> bool:
-        """Whether a write may be sent: not while the breaker is open (counted as an error) nor while a
-        full Redis pauses writes (counted by the gate)."""
+        """Whether a write may be sent: not while a full Redis pauses writes (counted by the gate; asked
+        first, so that a write not sent never takes the breaker's half-open probe) nor while the breaker
+        is open (counted as an error)."""
+        if not self.full.allow():
+            return False
         if not self.breaker.allow():
             self._count("errors")
             return False
-        return self.full.allow()
+        return True
 
     def _write_failed(self, exc: BaseException) -> None:
-        """A write's error: Redis out of memory pauses writes; anything else is a breaker failure."""
-        if not self.full.refused(exc):
+        """A write's error: Redis out of memory pauses writes, and tells the breaker Redis answered;
+        anything else is a breaker failure."""
+        if self.full.refused(exc):
+            self.breaker.record_success()
+        else:
             self._fail()
 
 

@@ -9,6 +9,7 @@ import pytest
 import redis
 import torch
 
+from cache.circuit_breaker import BreakerState, CircuitBreaker
 from cache.redis_full import FullGate, is_out_of_memory
 from cache.redis_kv_store import RedisKVStore
 from cache.response_cache import ExactResponseCache
@@ -94,6 +95,36 @@ def test_a_full_redis_refuses_kv_blocks_without_opening_the_breaker(small_redis)
         stats = store.stats
         assert (stats.full_refusals, stats.full_skips, stats.errors, stats.breaker_rejections) == (1, 5, 0, 0)
     finally:
+        store.close()
+
+
+def test_a_paused_write_leaves_the_breakers_probe_and_a_refusal_closes_it(small_redis):
+    """Half-open after an outage: a write skipped by the pause must not take the one probe (reads would
+    wait out another period), and a refusal for memory is Redis answering, so it closes the breaker."""
+    url, client = small_redis
+    clock = FakeClock()
+    breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=5.0, clock=clock)
+    cache = ExactResponseCache(url, fingerprint=f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5, breaker=breaker)
+    store = RedisKVStore(url, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5, breaker=breaker)
+    try:
+        _fill(client)
+        breaker.record_failure()  # an outage opens it at 0
+        clock.now = 5.0  # half-open: one probe may go; writes paused by an earlier refusal
+        for gate in (cache.full, store.full):
+            gate.clock = clock
+            assert gate.refused(OOM)
+        assert not cache.put([9, 1], GREEDY, "paused") and store.put_chain(_keys(1), [_block(1)], META) == 0
+        assert breaker.allow()  # the probe was still there
+        breaker.record_failure()
+        clock.now = 10.0  # half-open again, the pause over: this write is the probe, and Redis refuses it
+        assert not cache.put([9, 2], GREEDY, "refused")
+        assert breaker.state is BreakerState.CLOSED
+        clock.now = 16.0
+        breaker.record_failure()
+        clock.now = 21.0
+        assert store.put_chain(_keys(1), [_block(1)], META) == 0 and breaker.state is BreakerState.CLOSED
+    finally:
+        cache.close()
         store.close()
 
 
