@@ -256,6 +256,7 @@ class ExactResponseCache(RedisCacheBase):
             raw = self.client.get(key)
         except self._redis_errors as exc:
             if is_wrong_type(exc):  # another type under our key: a bad value; Redis itself answered
+                self.breaker.record_success()
                 return self._reject(key)
             self._fail()
             return None

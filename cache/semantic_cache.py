@@ -971,6 +971,7 @@ class SemanticResponseCache(RedisCacheBase):
         if not is_wrong_type(exc):
             self._fail()
             return None
+        self.breaker.record_success()  # Redis answered
         self._count("corrupt")
         try:
             self.client.delete(*keys)

@@ -14,6 +14,7 @@ from cache.circuit_breaker import BreakerState, CircuitBreaker
 from cache.response_cache import ExactResponseCache, canonical_json, is_deterministic, sampling_signature
 from deploy.launch import find_free_port
 from scheduler.messages import EngineRequestParams
+from tests.test_redis_kv_store import FakeClock
 
 PROMPT = [1, 15, 27, 99, 3]
 
@@ -121,6 +122,13 @@ def test_a_value_of_another_type_under_a_key_is_deleted_as_corrupt_without_openi
     assert cache.snapshot()["corrupt"] == 6 and cache.snapshot()["errors"] == 0
     assert cache.breaker.state is BreakerState.CLOSED
     assert cache.put(PROMPT, params, "hello there") and cache.get(PROMPT, params) == "hello there"
+    clock = FakeClock()  # as the half-open probe after an outage, the WRONGTYPE reply closes the breaker
+    cache.breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=5.0, clock=clock)
+    cache.breaker.record_failure()
+    clock.now = 5.0
+    cache.client.delete(key)
+    cache.client.hset(key, "field", "not ours")
+    assert cache.get(PROMPT, params) is None and cache.breaker.state is BreakerState.CLOSED
 
 
 def test_dead_redis_returns_misses_quickly():

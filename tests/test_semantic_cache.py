@@ -19,6 +19,7 @@ from cache.semantic_cache import (
 )
 from deploy.launch import find_free_port
 from scheduler.messages import EngineRequestParams
+from tests.test_redis_kv_store import FakeClock
 
 GREEDY = EngineRequestParams(max_tokens=32)
 QUESTION = "How do I reset my password?"
@@ -233,7 +234,7 @@ def test_an_entry_half_evicted_by_a_bounded_redis_is_deleted_as_incomplete_not_c
 
 def test_a_tenant_key_of_another_type_is_deleted_without_opening_the_breaker(cache):
     """HGETALL of a tenant key that holds a string fails with WRONGTYPE: bad values, not a Redis failure."""
-    from cache.circuit_breaker import BreakerState
+    from cache.circuit_breaker import BreakerState, CircuitBreaker
 
     emb_key, _, _, ver_key = cache._keys("t")
     for _ in range(6):  # more than the breaker's failure threshold
@@ -247,6 +248,14 @@ def test_a_tenant_key_of_another_type_is_deleted_without_opening_the_breaker(cac
     assert cache.breaker.state is BreakerState.CLOSED
     assert cache.store(QUESTION, "t", GREEDY, "again")
     assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "again"
+    clock = FakeClock()  # as the half-open probe after an outage, the WRONGTYPE reply closes the breaker
+    cache.breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=5.0, clock=clock)
+    cache.breaker.record_failure()
+    clock.now = 5.0
+    cache.client.delete(emb_key)
+    cache.client.set(emb_key, b"not a hash")
+    cache.client.incr(ver_key)
+    assert cache.lookup(PARAPHRASE, "t", GREEDY) is None and cache.breaker.state is BreakerState.CLOSED
 
 
 def test_matrix_is_cached_until_the_version_moves(cache):
