@@ -288,11 +288,11 @@ class ExactResponseCache(RedisCacheBase):
         value_text = str(text)
         if len(value_text.encode("utf-8")) > self.max_text_bytes:
             return False
-        if not self._may_write():
-            return False
         key = key or self.key(prompt_ids, params)
+        value = self.encode_value(key, value_text)
+        if not self._may_write():  # after what may raise: a call the breaker allowed must report back
+            return False
         try:
-            value = self.encode_value(key, value_text)
             write_announced(self.client, self.namespace, [(key, value)], self.ttl_s)
         except self._redis_errors as exc:
             self._write_failed(exc)

@@ -778,9 +778,9 @@ class SemanticResponseCache(RedisCacheBase):
         if not is_deterministic(params):
             self._count("uncacheable")
             return False
-        if not self._may_write():
-            return False
         vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
+        if not self._may_write():  # after what may raise: a call the breaker allowed must report back
+            return False
         emb = vec.astype("<f4").tobytes()
         sig = self.signature(params)
         entry_id = hashlib.sha256(canonical_json([sig, prompt])).hexdigest()[:24]

@@ -290,3 +290,18 @@ def test_dead_redis_returns_no_hit_quickly(embedder):
         assert c.store(QUESTION, "t", GREEDY, "x", embedding=vec) is False
     assert time.perf_counter() - t0 < 1.0
     assert c.snapshot()["errors"] == 40
+
+
+def test_a_store_that_fails_before_reaching_redis_leaves_the_breakers_probe(cache):
+    """Half-open: an embedding of the wrong size raises before any call goes out, so the one probe the
+    breaker lets through is still there for the next caller."""
+    from cache.circuit_breaker import BreakerState, CircuitBreaker
+
+    clock = FakeClock()
+    cache.breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=5.0, clock=clock)
+    cache.breaker.record_failure()
+    clock.now = 5.0
+    with pytest.raises(ValueError, match="dimensions"):
+        cache.store(QUESTION, "t", GREEDY, "an answer", embedding=np.ones(7, dtype=np.float32))
+    assert cache.store(QUESTION, "t", GREEDY, "an answer")
+    assert cache.breaker.state is BreakerState.CLOSED
