@@ -112,6 +112,18 @@ def tenant_tag(tenant: str) -> str:
     return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
 
 
+def redact_url(url: str) -> str:
+    """`url` with its password (and user) replaced by `***`, for messages and logs: a Redis URL may
+    carry credentials (`redis://:secret@host:6379/0`, `rediss://user:secret@...`)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    if "@" not in netloc:
+        return url
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+
+
 def make_redis_client(redis_url: str, timeout_s: float):
     """redis-py client that fails fast: one attempt, short connect and socket timeouts."""
     import redis

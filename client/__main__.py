@@ -170,13 +170,13 @@ def run_cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.redis_url:
         import redis
 
-        from cache.response_cache import make_redis_client
+        from cache.response_cache import make_redis_client, redact_url
 
         client = make_redis_client(args.redis_url, timeout_s=5.0)
         try:
             memory = redis_memory(client)
         except redis.RedisError as exc:
-            print(f"error: cannot read {args.redis_url}: {exc}", file=err)
+            print(f"error: cannot read {redact_url(args.redis_url)}: {exc}", file=err)
             return 1
         finally:
             client.close()

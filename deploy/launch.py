@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cache.response_cache import redact_url
 from engine.cache_sizing import host_available_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -800,7 +801,7 @@ def start_stack(opts: StackOptions) -> Stack:
         raise
     log(
         f"ready in {time.monotonic() - t0:.1f} s: grpc {stack.grpc_url}, http {stack.http_url}, "
-        f"metrics {stack.metrics_url}, redis {stack.redis_url}"
+        f"metrics {stack.metrics_url}, redis {redact_url(stack.redis_url)}"
     )
     return stack
 

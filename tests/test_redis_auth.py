@@ -1,0 +1,115 @@
+"""A Redis that requires a password (as a production one does): every client the engine builds takes
+the credentials from the URL, a wrong password makes the caches unavailable (a miss, never a failed
+request), and the password never appears in what the commands print."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import uuid
+
+import pytest
+import redis
+import torch
+
+from cache.key_directory import KeyDirectory
+from cache.redis_kv_store import RedisKVStore
+from cache.response_cache import ExactResponseCache, redact_url
+from cache.traffic_stats import TrafficStatsStore
+from client.__main__ import main
+from deploy.launch import find_free_port
+from scheduler.messages import EngineRequestParams
+from tests.conftest import wait_for
+from tests.test_cache_report import metrics_url  # noqa: F401  (the fixture)
+from tests.test_redis_kv_store import META, _block, _keys
+
+PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
+GREEDY = EngineRequestParams(max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def auth_redis(tmp_path_factory):
+    """A redis-server of its own that refuses clients without PASSWORD; its authenticated URL."""
+    port = find_free_port()
+    run_dir = tmp_path_factory.mktemp("auth-redis")
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(run_dir), "--requirepass", PASSWORD],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    assert wait_for(answers, 10.0), "the password-protected redis-server did not start"
+    yield url, port
+    client.close()
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_every_cache_client_authenticates_from_the_url(auth_redis):
+    url, _ = auth_redis
+    exact = ExactResponseCache(url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    namespace = f"test:kv:{uuid.uuid4().hex[:8]}"
+    directory = KeyDirectory(url, namespace).start()
+    store = RedisKVStore(url, namespace, timeout_s=0.5, directory=directory)
+    traffic = TrafficStatsStore(url, "m", "fp")
+    try:
+        assert exact.put([1, 2], GREEDY, "hello") and exact.get([1, 2], GREEDY) == "hello"
+        assert wait_for(lambda: directory.synced, 10.0)
+        keys = _keys(2)
+        assert store.put_chain(keys, [_block(1), _block(2)], META, tenant="t") == 2
+        torch.testing.assert_close(store.get(keys[1], META), _block(2))
+        assert wait_for(lambda: directory.contains(store.redis_key(keys[0])) is True, 10.0)
+        traffic.client.ping()
+        assert exact.snapshot()["errors"] == 0 and store.stats.errors == 0
+    finally:
+        for closable in (exact, store, directory):
+            closable.close()
+        traffic.client.close()
+
+
+def test_a_wrong_password_is_an_unavailable_cache_not_an_error(auth_redis):
+    _, port = auth_redis
+    wrong = f"redis://:not-{PASSWORD}@127.0.0.1:{port}/0"
+    exact = ExactResponseCache(wrong, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    store = RedisKVStore(wrong, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    try:
+        assert not exact.put([1, 2], GREEDY, "hello") and exact.get([1, 2], GREEDY) is None
+        assert store.put_chain(_keys(1), [_block(1)], META) == 0 and store.get(_keys(1)[0], META) is None
+        assert exact.snapshot()["errors"] == 2 and store.stats.errors == 2
+        assert PASSWORD not in (store.last_error or "")
+    finally:
+        exact.close()
+        store.close()
+
+
+def test_the_commands_take_credentials_and_never_print_them(auth_redis, metrics_url):  # noqa: F811
+    url, port = auth_redis
+    out = io.StringIO()
+    assert main(["forget-tenant", "nobody", "--redis-url", url], out=out) == 0
+    assert "deleted 0 exact keys" in out.getvalue()
+    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", url], out=out) == 0
+    out, err = io.StringIO(), io.StringIO()
+    wrong = f"redis://:not-{PASSWORD}@127.0.0.1:{port}/0"
+    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", wrong], out=out, err=err) == 1
+    assert "cannot read redis://***@127.0.0.1" in err.getvalue()
+    assert PASSWORD not in out.getvalue() + err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [("redis://:pw@host:6379/0", "redis://***@host:6379/0"),
+     ("rediss://user:pw@cache.internal:6380", "rediss://***@cache.internal:6380"),
+     ("redis://localhost:6379/0", "redis://localhost:6379/0"),
+     ("redis://:p@ss@host/1", "redis://***@host/1"),
+     ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock")],
+)  # fmt: skip
+def test_a_url_is_shown_without_its_credentials(url, shown):
+    assert redact_url(url) == shown
