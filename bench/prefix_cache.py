@@ -146,7 +146,8 @@ def cache_totals(
 
 
 SERVED = {"l1": ("l1", "hit_blocks"), "l2": ("l2", "hit_blocks"), "l3": ("l3", "hits"),
-          "l3_load": ("l3", "decision_load"), "l3_recompute": ("l3", "decision_recompute")}  # fmt: skip
+          "l3_load": ("l3", "decision_load"), "l3_recompute": ("l3", "decision_recompute"),
+          "l3_explore": ("l3", "decision_explore")}  # fmt: skip
 BOOKKEEPING = {"lookup": ("prefix", "lookup_seconds"), "store": ("prefix", "store_seconds"),
                "l3_probe": ("l3", "probe_seconds"), "l3_probes": ("l3", "probes"),
                "l3_probe_wait": ("l3", "probe_wait_seconds"),
@@ -185,7 +186,7 @@ def per_tier(args, model_dir: Path, prompts: PromptFactory, lengths: list[int]) 
                     rows.append([
                         tier, tokens, miss_ms, hit_ms, hit_ms / miss_ms,
                         f"{served['l1']:g}/{served['l2']:g}/{served['l3']:g}",
-                        f"{served['l3_load']:g}/{served['l3_recompute']:g}",
+                        f"{served['l3_load']:g}/{served['l3_recompute']:g}/{served['l3_explore']:g}",
                     ])  # fmt: skip
                     progress(
                         f"{tier} {tokens} tokens: miss {miss_ms:.2f} ms, hit {hit_ms:.2f} ms, served {served}"
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         tier_rows = per_tier(args, model_dir, prompts, lengths)
         table_tiers = print_table(
             ["tier", "tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss", "blocks served L1/L2/L3",
-             "L3 load/recompute decisions"],
+             "L3 load/recompute/explore decisions"],
             tier_rows,
         )  # fmt: skip
     progress("(b) throughput at 0% hit rate, cache use vs kv-only vs bypass on one server")

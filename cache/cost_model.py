@@ -20,6 +20,8 @@ dominated by the fixed ~3 ms of short prefills, predicted 512 reused tokens at ~
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -35,9 +37,10 @@ class _Ewma:
         self.alpha = alpha
         self.count = 0
 
-    def update(self, sample: float) -> None:
+    def update(self, sample: float, weight: float | None = None) -> None:
+        """`weight`: this sample's, instead of the schedule's (1.0: the sample replaces the mean)."""
         self.count += 1
-        weight = max(self.alpha, 1.0 / (self.count + 1))
+        weight = max(self.alpha, 1.0 / (self.count + 1)) if weight is None else weight
         self.value += weight * (sample - self.value)
 
 
@@ -85,27 +88,41 @@ class LoadCostModel:
         load_overhead_s: float = 0.001,
         margin: float = 1.25,
         alpha: float = 0.2,
+        explore_every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """Priors: ~500 MB/s is a conservative Redis GET + verify + copy on a LAN; 20k tokens/s is a
         mid-range prefill (a ~1B model on a GPU does more, a CPU far less), so measurements decide.
-        `load_overhead_s` is the per-load round trip; `margin` > 1 means a load must win clearly."""
+        `load_overhead_s` is the per-load round trip; `margin` > 1 means a load must win clearly.
+        `explore_every_s`: see `should_load` (0: never explore)."""
         if prior_load_bytes_per_s <= 0 or prior_prefill_tokens_per_s <= 0:
             raise ValueError("priors must be positive rates")
-        if margin < 1.0 or not 0.0 < alpha <= 1.0 or load_overhead_s < 0:
-            raise ValueError("need margin >= 1, 0 < alpha <= 1 and load_overhead_s >= 0")
+        if margin < 1.0 or not 0.0 < alpha <= 1.0 or load_overhead_s < 0 or explore_every_s < 0:
+            raise ValueError(
+                "need margin >= 1, 0 < alpha <= 1, load_overhead_s >= 0 and explore_every_s >= 0"
+            )
         self.load_overhead_s = load_overhead_s
         self.margin = margin
+        self.explore_every_s = explore_every_s
+        self.clock = clock
+        self._last_load_at = clock()  # a measured load, or an exploration
+        self._exploring = False  # an exploration's load is out: its measurement replaces the mean
         self._lock = threading.Lock()
         self._load_s_per_byte = _Ewma(1.0 / prior_load_bytes_per_s, alpha)
         self._prefill_s_per_token = _Ewma(1.0 / prior_prefill_tokens_per_s, alpha)
         self._prefill_line = _LineFit(alpha / 4)  # a slope needs more samples than a mean
-        self.decisions: dict[str, int] = {"load": 0, "recompute": 0}
+        self.decisions: dict[str, int] = {"load": 0, "recompute": 0, "explore": 0}
 
     def observe_load(self, nbytes: int, seconds: float) -> None:
         """A finished L3 load; ignored when it carries no information (empty or non-positive time)."""
         if nbytes > 0 and seconds > 0:
             with self._lock:
-                self._load_s_per_byte.update(seconds / nbytes)
+                # an exploration's load is a fresh look at a Redis the mean has not seen for a period: it
+                # replaces the mean. Optimism is cheap here: a load chosen on it is measured again, and
+                # a wrong one corrects itself within a few loads, while a pessimistic mean sees nothing
+                self._load_s_per_byte.update(seconds / nbytes, 1.0 if self._exploring else None)
+                self._exploring = False
+                self._last_load_at = self.clock()
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """A finished prefill of `tokens` prompt tokens (computed, not loaded)."""
@@ -129,11 +146,23 @@ class LoadCostModel:
         return mean if slope is None else min(slope, mean)
 
     def should_load(self, tokens: int, nbytes: int) -> bool:
-        """True when loading `nbytes` of KV is predicted to beat recomputing `tokens` by the margin."""
+        """True when loading `nbytes` of KV is predicted to beat recomputing `tokens` by the margin, or
+        as an exploration: a model that chooses to recompute measures no more loads, so one slow spell of
+        Redis would turn L3 off on this replica for good. When no load has been measured for
+        `explore_every_s`, one load goes anyway (counted as `explore`): at most one request a period
+        pays for it, and its measurement replaces the mean, so a Redis fast again wins the next decision."""
         load = tokens > 0 and self.predict_load_s(nbytes) * self.margin < self.predict_prefill_s(tokens)
         with self._lock:
-            self.decisions["load" if load else "recompute"] += 1
-        return load
+            now = self.clock()
+            explore = (
+                not load and tokens > 0 and self.explore_every_s > 0
+                and now - self._last_load_at >= self.explore_every_s
+            )  # fmt: skip
+            if explore:
+                self._last_load_at = now  # one exploration a period, however many callers race here
+                self._exploring = True
+            self.decisions["explore" if explore else "load" if load else "recompute"] += 1
+        return load or explore
 
     @property
     def estimates(self) -> CostEstimates:

@@ -71,6 +71,7 @@ class EngineConfig:
     l2_cache_memory: str = ""  # e.g. "32GiB": L2's size in pinned host memory, instead of l2_cache_blocks
     l3_kv_cache: bool = True
     l3_ttl_s: float = 86400.0
+    l3_explore_s: float = 60.0  # a replica recomputing L3 prefixes still loads one a period (0: never)
     l3_publish_first_use: bool = False  # write every new block to Redis (default: on reuse, and warmup)
     l3_prefetch: bool = True  # fetch the hot prefixes' L3 blocks on a thread during kernel warmup
     response_cache: bool = True
@@ -130,6 +131,8 @@ class EngineConfig:
             raise ValueError("max_batch_size must be >= 1 and max_seq_len >= 2")
         if self.prefix_cache_blocks < 0 or self.l2_cache_blocks < 0:
             raise ValueError("prefix_cache_blocks and l2_cache_blocks must be >= 0 (0: that tier is off)")
+        if self.l3_explore_s < 0:
+            raise ValueError(f"l3_explore_s must be >= 0 (0: never explore), got {self.l3_explore_s}")
         self.cache_request()
 
     def cache_request(self) -> CacheRequest:

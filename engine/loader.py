@@ -123,6 +123,7 @@ def build_l3(
         return None
     try:
         from cache.circuit_breaker import CircuitBreaker
+        from cache.cost_model import LoadCostModel
         from cache.redis_kv_store import RedisKVStore
     except ImportError as exc:
         log(f"L3 KV cache off: {exc}")
@@ -143,7 +144,7 @@ def build_l3(
         breaker=CircuitBreaker(),
         directory=key_directory(config, namespace, log),
     )
-    return L3Tier(store, meta, ttl_s=config.l3_ttl_s)
+    return L3Tier(store, meta, cost=LoadCostModel(explore_every_s=config.l3_explore_s), ttl_s=config.l3_ttl_s)
 
 
 def build_response_tier(

@@ -110,6 +110,9 @@ def test_the_config_rejects_a_malformed_size_and_negative_counts(tmp_path):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "prefix_cache_memory": "8 gigs"})
     with pytest.raises(ValueError, match="l2_cache_blocks must be >= 0"):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "l2_cache_blocks": "-5"})
+    with pytest.raises(ValueError, match="l3_explore_s must be >= 0"):
+        EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_explore_s": "-1"})
+    assert EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_explore_s": "0"}).l3_explore_s == 0
 
 
 def _load(**overrides):

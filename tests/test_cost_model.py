@@ -20,7 +20,7 @@ def test_priors():
     assert not m.should_load(2048, 128 * BLOCK_BYTES)
     # ~8.4 MB for 2k tokens would load in ~18 ms -> load
     assert m.should_load(2048, 2048 * 4096)
-    assert m.decisions == {"load": 1, "recompute": 1}
+    assert m.decisions == {"load": 1, "recompute": 1, "explore": 0}
 
 
 def test_fast_redis_slow_prefill_loads():
@@ -31,7 +31,7 @@ def test_fast_redis_slow_prefill_loads():
     assert m.estimates.load_bytes_per_s == pytest.approx(2e9, rel=0.01)
     assert m.estimates.prefill_tokens_per_s == pytest.approx(2_000, rel=0.01)
     assert m.should_load(2048, 128 * BLOCK_BYTES)
-    assert m.decisions == {"load": 1, "recompute": 0}
+    assert m.decisions == {"load": 1, "recompute": 0, "explore": 0}
 
 
 def test_slow_redis_fast_prefill_recomputes():
@@ -40,7 +40,7 @@ def test_slow_redis_fast_prefill_recomputes():
         m.observe_load(BLOCK_BYTES * 64, BLOCK_BYTES * 64 / 100e6)  # a congested link: 100 MB/s
         m.observe_prefill(2048, 2048 / 200_000)  # an H200: 200k tokens/s
     assert not m.should_load(2048, 128 * BLOCK_BYTES)
-    assert m.decisions == {"load": 0, "recompute": 1}
+    assert m.decisions == {"load": 0, "recompute": 1, "explore": 0}
 
 
 def test_estimates_follow_a_change():
@@ -52,7 +52,7 @@ def test_estimates_follow_a_change():
         m.observe_load(1_000_000, 1_000_000 / 50e6)
     assert m.estimates.load_bytes_per_s == pytest.approx(50e6, rel=0.02)
     assert not m.should_load(2048, 128 * BLOCK_BYTES)
-    assert m.decisions == {"load": 1, "recompute": 1}
+    assert m.decisions == {"load": 1, "recompute": 1, "explore": 0}
 
 
 def test_margin_requires_a_clear_win():
@@ -116,3 +116,54 @@ def test_one_prompt_length_alone_falls_back_to_the_mean_cost_per_token():
     for _ in range(20):
         m.observe_prefill(500, 0.003 + 5e-6 * 500)
     assert m.predict_prefill_s(500) == pytest.approx(0.0055, rel=0.01)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_model_that_recomputes_explores_one_load_a_period_and_recovers():
+    """After a slow spell the model recomputes, so it would never measure Redis again: once no load was
+    measured for explore_every_s, one request loads anyway, and a fast Redis wins the decision back."""
+    clock = _Clock()
+    m = LoadCostModel(explore_every_s=60.0, clock=clock)
+    for _ in range(30):
+        m.observe_prefill(2048, 2048 / 20_000)
+        m.observe_load(BLOCK_BYTES * 64, BLOCK_BYTES * 64 / 100e6)  # a slow spell: 100 MB/s
+    assert not m.should_load(2048, 128 * BLOCK_BYTES)
+    clock.now = 59.0
+    assert not m.should_load(2048, 128 * BLOCK_BYTES)
+    clock.now = 60.0
+    assert m.should_load(2048, 128 * BLOCK_BYTES)  # the exploration
+    assert not m.should_load(2048, 128 * BLOCK_BYTES)  # one a period, however many ask
+    assert not m.should_load(0, 0)  # nothing to load is never explored
+    assert m.decisions == {"load": 0, "recompute": 4, "explore": 1}
+    m.observe_load(BLOCK_BYTES * 128, BLOCK_BYTES * 128 / 2e9)  # Redis is fast again: 2 GB/s
+    assert m.should_load(2048, 128 * BLOCK_BYTES)  # at once: the exploration's sample replaced the mean
+    assert m.decisions == {"load": 1, "recompute": 4, "explore": 1}
+    for _ in range(3):  # a load chosen on one lucky sample is measured too: a slow Redis is seen again
+        m.observe_load(BLOCK_BYTES * 128, BLOCK_BYTES * 128 / 100e6)
+    assert not m.should_load(2048, 128 * BLOCK_BYTES)
+    never = LoadCostModel(explore_every_s=0, clock=clock)
+    clock.now += 3600.0
+    assert not never.should_load(2048, 128 * BLOCK_BYTES) and never.decisions["explore"] == 0
+
+
+def test_the_engine_takes_its_exploration_period_from_the_config(redis_server):
+    from engine.config import EngineConfig
+    from engine.loader import load_engine
+    from tests.conftest import MODEL_DIR
+
+    config = EngineConfig(
+        model_dir=str(MODEL_DIR), response_cache=False, prefill_templates="", warmup=False,
+        redis_url=redis_server, l3_explore_s=7.0,
+    )  # fmt: skip
+    engine = load_engine(config, log=lambda message: None).engine
+    try:
+        assert engine.prefix_cache.l3.cost.explore_every_s == 7.0
+    finally:
+        engine.shutdown(1.0)
