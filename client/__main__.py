@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import asdict
@@ -28,6 +29,7 @@ DEFAULT_METRICS_URL = "http://localhost:8002/metrics"
 JOB_ONLY = (
     "templates", "top_percent", "per_cluster", "clusters", "edge_cases", "dry_run", "tenant_field",
     "concurrency", "max_tokens", "max_prompt_tokens", "tokenizer", "no_progress", "fill_response_cache",
+    "max_items", "max_embedded",
 )  # fmt: skip
 
 
@@ -79,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--per-cluster", type=int, help="most frequent prompts taken per cluster (default 2)")
     job.add_argument("--clusters", help="auto (silhouette, the default) or a number of clusters")
     job.add_argument("--edge-cases", action="store_true", default=None, help="add synthetic edge cases")
+    job.add_argument(
+        "--max-items", help="log prompts sent at most (top and per-cluster; default 1000, none: no cap)"
+    )
+    job.add_argument("--max-embedded", type=int, help="most frequent prompts clustered (default 20000)")
     job.add_argument("--dry-run", action="store_true", default=None, help="print the selection, send nothing")
     job.add_argument("--tenant-field", help="log field holding the tenant (default: tenant)")
     job.add_argument("--concurrency", type=int, help="requests in flight (default 4)")
@@ -240,8 +246,12 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         "clusters": clusters,
         "edge_cases": args.edge_cases,
         "max_prompt_tokens": args.max_prompt_tokens,
+        "max_embedded": args.max_embedded,
     }
     selection = SelectionConfig(**{key: value for key, value in given.items() if value is not None})
+    if args.max_items is not None:
+        cap = None if args.max_items == "none" else int(args.max_items)
+        selection = dataclasses.replace(selection, max_items=cap)
     sending = {"concurrency": args.concurrency, "max_tokens": args.max_tokens}
     send = SendConfig(
         url=args.url, model=args.model or "llm", timeout_s=args.timeout, progress=not args.no_progress,
@@ -264,6 +274,8 @@ def check_warmup_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(f"{flags} only apply to the warmup job (--log), not to --rewarm")
     if args.clusters not in (None, "auto") and not (args.clusters.isdigit() and int(args.clusters) >= 1):
         parser.error(f"--clusters must be 'auto' or a positive integer, got {args.clusters!r}")
+    if args.max_items not in (None, "none") and not args.max_items.isdigit():
+        parser.error(f"--max-items must be 'none' or an integer >= 0, got {args.max_items!r}")
 
 
 def run_rewarm(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

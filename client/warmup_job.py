@@ -48,6 +48,8 @@ NON_ASCII_PROMPT = (
 )
 FILLER = "The quick brown fox jumps over the lazy dog while the support team answers every question. "
 MALFORMED_SHOWN = 5
+EMBED_CHUNK = 512  # prompts embedded per call: the bar moves, and no call holds a huge batch
+NEAR_LIMIT_CHARS_PER_TOKEN = 8  # text gathered for the near-limit prompt: more than any tokenizer packs
 
 
 def utf8_token_bound(text: str) -> int:
@@ -78,9 +80,12 @@ class MalformedLine:
 
 @dataclass(frozen=True)
 class QueryLog:
-    """Parsed log; malformed lines are kept as (line, reason) so the job can say what it skipped."""
+    """A parsed log, counted as it was read (memory grows with its distinct prompts, not its lines: a
+    day of production traffic is millions of lines); malformed lines are kept as (line, reason) so the
+    job can say what it skipped."""
 
-    records: tuple[LogRecord, ...]
+    stats: tuple[PromptStats, ...]  # distinct (tenant, prompt), most frequent first
+    records: int
     malformed: tuple[MalformedLine, ...]
     total_lines: int
 
@@ -116,9 +121,10 @@ def _parse_line(text: str, tenant_field: str) -> LogRecord | str:
 
 
 def parse_query_log(lines: Iterable[str], tenant_field: str = "tenant") -> QueryLog:
-    """JSONL lines ({"prompt", tenant_field, "ts"}) -> records; blank lines are ignored, a line that is
-    not a usable record is counted with its reason, never fatal: one bad write must not cancel warmup."""
-    records: list[LogRecord] = []
+    """JSONL lines ({"prompt", tenant_field, "ts"}) -> counted prompts; blank lines are ignored, a line
+    that is not a usable record is counted with its reason, never fatal: one bad write must not cancel
+    warmup."""
+    counts = PromptCounter()
     malformed: list[MalformedLine] = []
     total = 0
     for line_no, line in enumerate(lines, start=1):
@@ -127,10 +133,10 @@ def parse_query_log(lines: Iterable[str], tenant_field: str = "tenant") -> Query
         total += 1
         parsed = _parse_line(line, tenant_field)
         if isinstance(parsed, LogRecord):
-            records.append(parsed)
+            counts.add(parsed)
         else:
             malformed.append(MalformedLine(line_no, parsed))
-    return QueryLog(tuple(records), tuple(malformed), total)
+    return QueryLog(tuple(counts.stats()), counts.records, tuple(malformed), total)
 
 
 def read_query_log(path: Path, tenant_field: str = "tenant") -> QueryLog:
@@ -201,8 +207,17 @@ class SelectionConfig:
     near_limit_fraction: float = 0.9
     max_auto_clusters: int = 12
     seed: int = 0
+    # a day's log can hold a million distinct prompts: its top 5% alone would be 50,000 requests, and
+    # embedding them all hours of CPU. Log-derived items (top and per-cluster) are capped, the cluster
+    # picks kept first (they are the topic coverage), and only the most frequent prompts are clustered.
+    max_items: int | None = 1000  # None: no cap
+    max_embedded: int = 20000
 
     def __post_init__(self) -> None:
+        if self.max_items is not None and self.max_items < 0:
+            raise ValueError(f"max_items must be >= 0 or None (no cap), got {self.max_items}")
+        if self.max_embedded < 1:
+            raise ValueError(f"max_embedded must be >= 1, got {self.max_embedded}")
         if not 0.0 <= self.top_percent <= 100.0:
             raise ValueError(f"top_percent must be in [0, 100], got {self.top_percent}")
         if self.per_cluster < 0:
@@ -225,19 +240,37 @@ class PromptStats:
     first_seen: int
 
 
-def count_prompts(records: Sequence[LogRecord]) -> list[PromptStats]:
-    """Distinct prompts per tenant, most frequent first (ties: first seen in the log first)."""
-    variants: dict[tuple[str, str], Counter[str]] = {}
-    first: dict[tuple[str, str], int] = {}
-    for index, record in enumerate(records):
+class PromptCounter:
+    """Distinct (tenant, normalized prompt) counted one record at a time, with each one's raw forms."""
+
+    def __init__(self) -> None:
+        self._variants: dict[tuple[str, str], Counter[str]] = {}
+        self._first: dict[tuple[str, str], int] = {}
+        self.records = 0
+
+    def add(self, record: LogRecord) -> None:
         key = (record.tenant, normalize_prompt(record.prompt))
-        variants.setdefault(key, Counter())[record.prompt] += 1
-        first.setdefault(key, index)
-    stats = [
-        PromptStats(tenant, norm, forms.most_common(1)[0][0], sum(forms.values()), first[(tenant, norm)])
-        for (tenant, norm), forms in variants.items()
-    ]
-    return sorted(stats, key=lambda s: (-s.frequency, s.first_seen))
+        self._variants.setdefault(key, Counter())[record.prompt] += 1
+        self._first.setdefault(key, self.records)
+        self.records += 1
+
+    def stats(self) -> list[PromptStats]:
+        """Most frequent first (ties: first seen in the log first)."""
+        stats = [
+            PromptStats(
+                tenant, norm, forms.most_common(1)[0][0], sum(forms.values()), self._first[(tenant, norm)]
+            )
+            for (tenant, norm), forms in self._variants.items()
+        ]
+        return sorted(stats, key=lambda s: (-s.frequency, s.first_seen))
+
+
+def count_prompts(records: Iterable[LogRecord]) -> list[PromptStats]:
+    """Distinct prompts per tenant, most frequent first (ties: first seen in the log first)."""
+    counter = PromptCounter()
+    for record in records:
+        counter.add(record)
+    return counter.stats()
 
 
 def choose_k(embeddings: np.ndarray, max_k: int, seed: int) -> int:
@@ -272,12 +305,22 @@ def _kmeans(embeddings: np.ndarray, k: int, seed: int) -> np.ndarray:
     return model.fit_predict(embeddings)
 
 
-def cluster_prompts(texts: list[str], embed: EmbedFn, config: SelectionConfig) -> dict[str, int]:
+def cluster_prompts(
+    texts: list[str], embed: EmbedFn, config: SelectionConfig, progress: TextIO | None = None
+) -> dict[str, int]:
     """normalized text -> cluster id; texts are clustered once across tenants (topics are shared),
-    cluster ids renumbered by first appearance so they are stable for a given log."""
+    cluster ids renumbered by first appearance so they are stable for a given log. `progress`: where a
+    bar of the embedding goes (minutes of CPU for a big log), None for none."""
     if not texts:
         return {}
-    embeddings = np.asarray(embed(texts), dtype=np.float32)
+    with tqdm(
+        total=len(texts), desc="embedding", unit="prompt", file=progress, disable=progress is None
+    ) as bar:
+        parts = []
+        for start in range(0, len(texts), EMBED_CHUNK):
+            parts.append(np.asarray(embed(texts[start : start + EMBED_CHUNK]), dtype=np.float32))
+            bar.update(len(parts[-1]))
+    embeddings = np.concatenate(parts)
     k = config.clusters if config.clusters is not None else choose_k(embeddings, config.max_auto_clusters,
                                                                      config.seed)  # fmt: skip
     labels = _kmeans(embeddings, min(k, len(texts)), config.seed)
@@ -320,54 +363,92 @@ def _edge_cases(
         items.append(WarmupItem(longest.text, longest.tenant, REASON_EDGE, longest.frequency,
                                 clusters.get(longest.key), "longest_seen"))  # fmt: skip
     target = max(1, int(config.max_prompt_tokens * config.near_limit_fraction))
-    near = near_limit_prompt([s.text.strip() for s in stats], target, count_tokens)
+    source, chars = [], 0
+    for s in stats:  # the most frequent prompts' text, enough of it: not the whole log's, joined
+        if chars > NEAR_LIMIT_CHARS_PER_TOKEN * target:
+            break
+        source.append(s.text.strip())
+        chars += len(source[-1]) + 1
+    near = near_limit_prompt(source, target, count_tokens)
     items.append(WarmupItem(near, busiest, REASON_EDGE, 0, None, "near_limit"))
     items.append(WarmupItem(SHORT_PROMPT, busiest, REASON_EDGE, 0, None, "very_short"))
     items.append(WarmupItem(NON_ASCII_PROMPT, busiest, REASON_EDGE, 0, None, "non_ascii"))
     return items
 
 
+def _item_key(item: WarmupItem) -> tuple[str, str]:
+    """What makes two items the same request: tenant and prompt, whitespace aside."""
+    return item.tenant, normalize_prompt(item.prompt)
+
+
+@dataclass(frozen=True)
+class Selection:
+    items: list[WarmupItem]  # in send order
+    capped: int  # log-derived items left out by `max_items`
+    too_long: int  # distinct log prompts over `max_prompt_tokens`, which the server would reject
+    clustered: int  # distinct prompts embedded and clustered (at most `max_embedded`)
+
+
 def select_warmup_set(
-    records: Sequence[LogRecord],
+    records: Iterable[LogRecord],
     templates: Sequence[SloTemplate],
     *,
     embed: EmbedFn,
     config: SelectionConfig | None = None,
     count_tokens: TokenCounter = utf8_token_bound,
 ) -> list[WarmupItem]:
+    """`select_from_counts` over records: the items only."""
+    return select_from_counts(
+        count_prompts(records), templates, embed=embed, config=config, count_tokens=count_tokens
+    ).items
+
+
+def select_from_counts(
+    counted: Sequence[PromptStats],
+    templates: Sequence[SloTemplate],
+    *,
+    embed: EmbedFn,
+    config: SelectionConfig | None = None,
+    count_tokens: TokenCounter = utf8_token_bound,
+    progress: TextIO | None = None,
+) -> Selection:
     """The warmup selection, in send order: top `top_percent` of distinct (tenant, prompt) by frequency
     (at least one when the log has any), then the `per_cluster` most frequent of each cluster not
     already chosen, then the SLO templates, then (with `edge_cases`) the synthetic edge cases. An item
     appears once per (tenant, normalized prompt), under its first reason. Log prompts longer than
-    `max_prompt_tokens` are left out: the server would reject them."""
+    `max_prompt_tokens` are left out: the server would reject them. Past `max_items` log-derived items,
+    the least frequent top items go first, then the cluster picks of the last clusters; templates and
+    edge cases always stay. Only the `max_embedded` most frequent prompts are clustered."""
     config = config or SelectionConfig()
-    stats = [s for s in count_prompts(records) if count_tokens(s.text) <= config.max_prompt_tokens]
-    clusters = cluster_prompts(list(dict.fromkeys(s.key for s in stats)), embed, config)
-    chosen: dict[tuple[str, str], WarmupItem] = {}
-
-    def add(item: WarmupItem) -> None:
-        chosen.setdefault((item.tenant, normalize_prompt(item.prompt)), item)
-
+    stats = [s for s in counted if count_tokens(s.text) <= config.max_prompt_tokens]
+    embedded = list(dict.fromkeys(s.key for s in stats))[: config.max_embedded]
+    clusters = cluster_prompts(embedded, embed, config, progress)
     n_top = math.ceil(len(stats) * config.top_percent / 100.0) if config.top_percent > 0 else 0
-    for s in stats[:n_top]:
-        add(WarmupItem(s.text, s.tenant, REASON_TOP, s.frequency, clusters[s.key]))
+    top = [WarmupItem(s.text, s.tenant, REASON_TOP, s.frequency, clusters.get(s.key)) for s in stats[:n_top]]
     per_cluster: dict[int, list[PromptStats]] = {}
     for s in stats:  # already most frequent first
-        per_cluster.setdefault(clusters[s.key], []).append(s)
-    for cluster in sorted(per_cluster):
-        for s in per_cluster[cluster][: config.per_cluster]:
-            add(WarmupItem(s.text, s.tenant, REASON_CLUSTER, s.frequency, cluster))
-    for t in templates:
-        add(WarmupItem(t.prompt, t.tenant, REASON_TEMPLATE, 0, None, t.scenario))
+        if s.key in clusters:
+            per_cluster.setdefault(clusters[s.key], []).append(s)
+    picks = [
+        WarmupItem(s.text, s.tenant, REASON_CLUSTER, s.frequency, cluster)
+        for cluster in sorted(per_cluster)
+        for s in per_cluster[cluster][: config.per_cluster]
+    ]
+    wanted = list(dict.fromkeys(_item_key(item) for item in (*top, *picks)))
+    capped = 0
+    if config.max_items is not None and len(wanted) > config.max_items:
+        kept = list(dict.fromkeys(_item_key(item) for item in picks))[: config.max_items]
+        kept += [key for key in wanted if key not in set(kept)][: config.max_items - len(kept)]
+        capped = len(wanted) - len(kept)
+        top = [item for item in top if _item_key(item) in set(kept)]
+        picks = [item for item in picks if _item_key(item) in set(kept)]
+    chosen: dict[tuple[str, str], WarmupItem] = {}
+    extra = [WarmupItem(t.prompt, t.tenant, REASON_TEMPLATE, 0, None, t.scenario) for t in templates]
     if config.edge_cases:
-        for item in _edge_cases(stats, clusters, config, count_tokens):
-            add(item)
-    return list(chosen.values())
-
-
-def too_long(records: Sequence[LogRecord], max_prompt_tokens: int, count_tokens: TokenCounter) -> int:
-    """Distinct log prompts the selection leaves out for exceeding the server's prompt limit."""
-    return sum(1 for s in count_prompts(records) if count_tokens(s.text) > max_prompt_tokens)
+        extra += _edge_cases(stats, clusters, config, count_tokens)
+    for item in (*top, *picks, *extra):
+        chosen.setdefault(_item_key(item), item)
+    return Selection(list(chosen.values()), capped, len(counted) - len(stats), len(embedded))
 
 
 # ------------------------------------------------------------------------------------------------- sending
@@ -536,15 +617,22 @@ def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | N
         from cache.embedder import MiniLMEmbedder
 
         embed = MiniLMEmbedder().embed
-    items = select_warmup_set(log.records, templates, embed=embed, config=options.selection,
-                              count_tokens=count_tokens)  # fmt: skip
-    dropped = too_long(log.records, options.selection.max_prompt_tokens, count_tokens)
-    if dropped:
-        print(
-            f"left out {dropped} distinct log prompts over {options.selection.max_prompt_tokens} tokens",
-            file=err,
-        )
-    print(f"{len(log.records)} records, {len(count_prompts(log.records))} distinct prompts; "
+    bar_to = err if options.send.progress else None
+    selection = select_from_counts(log.stats, templates, embed=embed, config=options.selection,
+                                   count_tokens=count_tokens, progress=bar_to)  # fmt: skip
+    items, limits = selection.items, options.selection
+    if selection.too_long:
+        print(f"left out {selection.too_long} distinct log prompts over {limits.max_prompt_tokens} tokens",
+              file=err)  # fmt: skip
+    if selection.capped:
+        print(f"left out {selection.capped} log prompts past --max-items {limits.max_items} "
+              "(the least frequent top items first)", file=err)  # fmt: skip
+    clustered = (
+        ""
+        if selection.clustered >= len(log.stats)
+        else f", the {selection.clustered} most frequent clustered"
+    )
+    print(f"{log.records} records, {len(log.stats)} distinct prompts{clustered}; "
           f"selected {len(items)} warmup items", file=out)  # fmt: skip
     if options.dry_run:
         _table(

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import io
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -140,9 +141,9 @@ def test_prompts_over_the_limit_are_left_out() -> None:
     over = wj.LogRecord("Refund " + "x" * 600, "acme")
     records = [over] * 50 + fixed_log()
     config = wj.SelectionConfig(clusters=3, edge_cases=True, max_prompt_tokens=500)
-    items = wj.select_warmup_set(records, [], embed=topic_embed, config=config)
-    assert over.prompt not in {i.prompt for i in items}
-    assert wj.too_long(records, 500, wj.utf8_token_bound) == 1
+    selection = wj.select_from_counts(wj.count_prompts(records), [], embed=topic_embed, config=config)
+    assert over.prompt not in {i.prompt for i in selection.items}
+    assert selection.too_long == 1
 
 
 def test_malformed_lines_are_skipped_and_counted() -> None:
@@ -158,16 +159,17 @@ def test_malformed_lines_are_skipped_and_counted() -> None:
         '{"prompt": "Shipping to Berlin?", "org": "globex"',
     ]
     log = wj.parse_query_log(lines)
-    assert [(r.prompt, r.tenant) for r in log.records] == [
-        ("Refund for order 1?", "acme"), ("Shipping to Berlin?", "default"),
+    assert [(p.text, p.tenant, p.frequency) for p in log.stats] == [
+        ("Refund for order 1?", "acme", 1), ("Shipping to Berlin?", "default", 1),
     ]  # fmt: skip
+    assert log.records == 2
     assert [m.line_no for m in log.malformed] == [2, 4, 5, 6, 7, 9]
     assert log.total_lines == 8
     assert "not valid JSON" in log.malformed[0].reason and "JSON object" in log.malformed[1].reason
     assert "tenant" in log.malformed[4].reason
     text = "\n".join(log.describe_malformed("q.jsonl", shown=2))
     assert "q.jsonl:2: skipped" in text and "and 4 more" in text and "skipped 6 malformed of 8" in text
-    assert [r.tenant for r in wj.parse_query_log(lines[7:8], tenant_field="org").records] == ["default"]
+    assert [p.tenant for p in wj.parse_query_log(lines[7:8], tenant_field="org").stats] == ["default"]
 
 
 def test_templates_file_is_validated(tmp_path: Path) -> None:
@@ -221,6 +223,11 @@ def test_cli_dry_run_on_the_shipped_log(
     assert "dry run: nothing sent" in out
     assert out.count("| top_frequency ") == 20  # 391 distinct prompts -> ceil(19.55)
     assert out.count("| slo_template ") == 4 and out.count("| edge_case ") == 4
+    assert main([*argv, "--max-items", "5"]) == 0  # the cap: 5 log prompts, templates and edge cases stay
+    captured = capsys.readouterr()
+    assert out.count("| top_frequency ") + out.count("| cluster_top ") > 5
+    assert captured.out.count("| top_frequency ") + captured.out.count("| cluster_top ") == 5
+    assert captured.out.count("| slo_template ") == 4 and "past --max-items 5" in captured.err
 
 
 @pytest.mark.parametrize(
@@ -230,6 +237,8 @@ def test_cli_dry_run_on_the_shipped_log(
         (["warmup", "--rewarm", "--log", "q.jsonl"], "not allowed with argument"),
         (["warmup", "--rewarm", "--dry-run"], "--dry-run only apply to the warmup job"),
         (["warmup", "--log", "q.jsonl", "--clusters", "many"], "--clusters must be 'auto'"),
+        (["warmup", "--log", "q.jsonl", "--max-items", "lots"], "--max-items must be 'none'"),
+        (["warmup", "--rewarm", "--max-items", "5"], "--max-items only apply to the warmup job"),
     ],
 )
 def test_cli_modes_are_exclusive(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
@@ -311,3 +320,39 @@ def test_live_job_reports_the_cache_tiers_it_filled(tmp_path: Path, grpc_url: st
     out, err = io.StringIO(), io.StringIO()
     assert wj.run_job(unreachable, out, err, embed=topic_embed) == 0, "the job's requests still succeeded"
     assert "warning: cannot read the cache tiers" in err.getvalue()
+
+
+def test_a_big_log_is_capped_keeping_every_clusters_picks_and_clustering_only_its_most_frequent() -> None:
+    """A day's log: 2,000 distinct prompts, one topic (password) all rare. --max-items 12 keeps every
+    cluster's picks (topic coverage, the rare topic's included) and fills up with the most frequent;
+    only the 300 most frequent prompts are embedded; templates and edge cases still go; the near-limit
+    prompt is built from a bounded amount of the log's text."""
+    records = [
+        wj.LogRecord(f"{('refund', 'shipping')[i % 2]} question number {i}", "acme")
+        for i in range(1900)
+        for _ in range(1 + (2000 - i) // 100)  # earlier prompts more frequent, all at least twice
+    ] + [wj.LogRecord(f"password question number {i}", "acme") for i in range(1900, 2000)]
+    embedded: list[int] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        embedded.append(len(texts))
+        return topic_embed(texts)
+
+    config = wj.SelectionConfig(clusters=3, per_cluster=2, max_items=12, max_embedded=2000, edge_cases=True)
+    selection = wj.select_from_counts(wj.count_prompts(records), TEMPLATES, embed=embed, config=config)
+    from_log = [item for item in selection.items if item.reason in ("top_frequency", "cluster_top")]
+    assert len(from_log) == 12 and selection.capped == 100 + 2 - 12  # the top 5%, and the rare topic's 2
+    assert {item.cluster for item in from_log} == {0, 1, 2}
+    rare = [item.prompt for item in from_log if item.reason == "cluster_top"]
+    assert rare == ["password question number 1900", "password question number 1901"]
+    top = [int(item.prompt.rsplit(" ", 1)[1]) for item in from_log if item.reason == "top_frequency"]
+    assert top == list(range(10))  # the most frequent stay
+    by_reason = Counter(item.reason for item in selection.items)
+    assert by_reason["slo_template"] == len(TEMPLATES) and by_reason["edge_case"] == 4
+    assert sum(embedded) == 2000 and max(embedded) <= wj.EMBED_CHUNK  # in chunks, for the progress bar
+    near = next(item for item in selection.items if item.detail == "near_limit")
+    assert wj.utf8_token_bound(near.prompt) <= config.max_prompt_tokens
+    few = dataclasses.replace(config, max_items=None, max_embedded=300)
+    uncapped = wj.select_from_counts(wj.count_prompts(records), [], embed=embed, config=few)
+    assert uncapped.capped == 0 and uncapped.clustered == 300 and sum(embedded) == 2300
+    assert not any(item.prompt.startswith("password") for item in uncapped.items)  # never clustered
