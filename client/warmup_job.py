@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import yaml
@@ -390,17 +390,10 @@ class Selection:
 
 
 def select_warmup_set(
-    records: Iterable[LogRecord],
-    templates: Sequence[SloTemplate],
-    *,
-    embed: EmbedFn,
-    config: SelectionConfig | None = None,
-    count_tokens: TokenCounter = utf8_token_bound,
+    records: Iterable[LogRecord], templates: Sequence[SloTemplate], **options: Any
 ) -> list[WarmupItem]:
-    """`select_from_counts` over records: the items only."""
-    return select_from_counts(
-        count_prompts(records), templates, embed=embed, config=config, count_tokens=count_tokens
-    ).items
+    """`select_from_counts` over log records, keyword options as there: the items only."""
+    return select_from_counts(count_prompts(records), templates, **options).items
 
 
 def select_from_counts(
