@@ -17,6 +17,7 @@ TIERS = ("l1", "l2", "l3", "exact", "semantic")
 UNITS = {"l1": "blocks", "l2": "blocks", "l3": "blocks", "exact": "requests", "semantic": "requests"}
 HIT_COUNTER = {"l1": "hit_blocks", "l2": "hit_blocks"}  # others: "hits"
 BAD_COUNTERS = ("corrupt", "checksum_failures", "incompatible", "incomplete")
+DECISIONS = ("load", "recompute", "explore")  # the L3 cost model's, per chain Redis held
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class TierRow:
     errors: float  # Redis unreachable, slow or failing
     bad_values: float  # corrupt, incompatible or half-evicted values, deleted
     full_refusals: float  # writes a full Redis refused
+    decisions: dict[str, float] | None = None  # L3: chains loaded, recomputed (cheaper), loaded to explore
 
     @property
     def hit_rate(self) -> float | None:
@@ -74,6 +76,7 @@ def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
                 errors=counter("errors"),
                 bad_values=sum(counter(name) for name in BAD_COUNTERS),
                 full_refusals=counter("full_refusals"),
+                decisions={name: counter(f"decision_{name}") for name in DECISIONS} if tier == "l3" else None,
             )
         )
     return rows
@@ -96,7 +99,15 @@ def format_rows(rows: list[TierRow]) -> str:
         ])  # fmt: skip
     widths = [max(len(str(line[i])) for line in [headers, *body]) for i in range(len(headers))]
     lines = [headers, ["-" * width for width in widths], *body]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    table = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    for row in rows:
+        if row.decisions is not None:
+            d = row.decisions
+            table += (
+                f"\nl3 chains Redis held: {d['load']:g} loaded, {d['recompute']:g} recomputed (cheaper than "
+                f"loading, by the cost model), {d['explore']:g} loaded to re-measure Redis"
+            )
+    return table
 
 
 def as_dicts(rows: list[TierRow]) -> list[dict]:

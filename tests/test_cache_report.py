@@ -19,6 +19,8 @@ SAMPLES = [  # (family, tier, counter or gauge, value) as the engine exports the
     ("state", "l1", "blocks", 64), ("state", "l1", "capacity_blocks", 256),
     ("total", "l3", "hits", 5), ("total", "l3", "misses", 15), ("total", "l3", "checksum_failures", 2),
     ("total", "l3", "incompatible", 1), ("total", "l3", "full_refusals", 4),
+    ("total", "l3", "decision_load", 2), ("total", "l3", "decision_recompute", 9),
+    ("total", "l3", "decision_explore", 1),
     ("total", "exact", "hits", 3), ("total", "exact", "misses", 1), ("total", "exact", "errors", 7),
 ]  # fmt: skip
 SCRAPE = (
@@ -40,6 +42,7 @@ def test_each_reported_tier_gets_its_figures_and_absent_tiers_none():
     assert l1.seconds_saved == 0.25 and l1.hit_rate is None
     assert (l3.hits, l3.hit_rate, l3.bad_values, l3.full_refusals, l3.capacity) == (5, 0.25, 3, 4, None)
     assert (exact.hit_rate, exact.errors, exact.unit) == (0.75, 7, "requests")
+    assert l3.decisions == {"load": 2, "recompute": 9, "explore": 1} and l1.decisions is None
 
 
 def test_the_table_shows_fill_and_hit_rate():
@@ -47,6 +50,7 @@ def test_the_table_shows_fill_and_hit_rate():
     l1 = next(line for line in table.splitlines() if line.startswith("l1 "))
     assert "64 / 256 (25%)" in l1 and "30 blocks" in l1
     assert "75.0%" in next(line for line in table.splitlines() if line.startswith("exact "))
+    assert "l3 chains Redis held: 2 loaded, 9 recomputed" in table and "1 loaded to re-measure" in table
 
 
 def test_an_unreachable_server_is_an_error_not_an_empty_table():
