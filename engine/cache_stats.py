@@ -86,6 +86,7 @@ def cache_counters(
                 out[("l3", name)] = stats[name]
             out[("l3", "probe_wait_seconds")] = prefix.l3.probe_wait_seconds  # the probe's part in lookup
             out[("l3", "writes_dropped")] = prefix.l3.writes_dropped
+            out[("l3", "writes_failed")] = prefix.l3.writes_failed
             out.update(directory_counters("l3", prefix.l3.store.directory))
             for decision, count in prefix.l3.cost.decisions.items():
                 out[("l3", f"decision_{decision}")] = count
@@ -95,6 +96,7 @@ def cache_counters(
         out.update(directory_counters("exact", responses.cache.directory))
         out[("exact", "first_sightings")] = responses.first_sightings  # answers not written (yet)
         out[("exact", "writes_dropped")] = responses.writes_dropped  # exact and semantic writes given up
+        out[("exact", "writes_failed")] = responses.writes_failed  # and those that raised
         out[("exact", "request_seconds")] = responses.request_seconds  # lookup + remember: every request's
         out[("exact", "claimed_keys")] = responses.claimed_keys  # keys the scheduler step hashed, used
         out[("exact", "foreign_keys")] = responses.foreign_keys  # of another fingerprint: hashed here instead

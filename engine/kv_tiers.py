@@ -70,6 +70,11 @@ class L3Tier:
         """Block writes given up because the writer had fallen behind (a slow Redis): never waited for."""
         return self._writes.dropped
 
+    @property
+    def writes_failed(self) -> int:
+        """Writes that raised (a bug or a bad value, not Redis trouble, which the store absorbs): skipped."""
+        return self._writes.failed
+
     def fetch(self, keys: list[bytes], present: Sequence[bool] | None = None) -> list[torch.Tensor]:
         """The leading blocks of `keys` found in Redis (on the host), or [] when recomputing is cheaper."""
         return self.fetch_with_outcome(keys, present)[0]

@@ -103,6 +103,11 @@ class ResponseTier:
         """Answers not written because the writer had fallen behind (a slow Redis): never waited for."""
         return self._writes.dropped
 
+    @property
+    def writes_failed(self) -> int:
+        """Writes that raised (a bug or a bad value, not Redis trouble, which the store absorbs): skipped."""
+        return self._writes.failed
+
     def lookup(self, prompt_ids: list[int], params: EngineRequestParams) -> ResponseLookup:
         """The cached answer as token ids (None: a miss, not cacheable, or Redis unavailable) and the key."""
         if not self.cache.cacheable(params):

@@ -17,6 +17,8 @@ class WriteBehind(Generic[T]):
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self.dropped = 0
+        self.failed = 0  # writes that raised: skipped, the writer carries on
+        self.last_error: str | None = None
 
     def submit(self, item: T) -> bool:
         """Queue `item`; when the writer has fallen behind, drop it (and count it) rather than wait."""
@@ -27,11 +29,19 @@ class WriteBehind(Generic[T]):
             self.dropped += 1
             return False
 
-    def close(self) -> None:
-        """Finish what is queued, then stop."""
-        self._items.put(None)
-        self._thread.join(timeout=10)
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Finish what is queued, then stop; gives up after `timeout_s` (a writer stuck on a slow Redis
+        must not hold the engine's shutdown: the thread is a daemon)."""
+        try:
+            self._items.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
         while (entry := self._items.get()) is not None:
-            self._write(entry[0])
+            try:
+                self._write(entry[0])
+            except Exception as exc:  # one bad item must not end the thread: every later write would drop
+                self.failed += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"

@@ -95,6 +95,26 @@ def test_answers_the_writer_cannot_keep_up_with_are_dropped_without_waiting_and_
     assert exact.get([1], GREEDY) == "a" and exact.get([2], GREEDY) == "a" and exact.get([5], GREEDY) is None
 
 
+def test_an_answer_whose_write_raises_is_counted_and_later_answers_are_still_written(redis_server):
+    """A write that raises (here the exact cache's put; in practice a bad value or a bug) must not end the
+    writer thread, or every later answer would be dropped and the shutdown would wait on a full queue."""
+    exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    responses = ResponseTier(exact, lambda text: [0], letters, backlog=4, first_use=True)
+    real_put = exact.put
+
+    def put(prompt_ids, *args):
+        if prompt_ids == [1]:
+            raise UnicodeEncodeError("utf-8", "x", 0, 1, "a bad answer")
+        return real_put(prompt_ids, *args)
+
+    exact.put = put
+    for prompt in ([1], [2]):
+        responses.remember(prompt, GREEDY, [0], 0)
+    responses.close()
+    assert exact.get([1], GREEDY) is None and exact.get([2], GREEDY) == "a"
+    assert responses.writes_failed == 1 and cache_counters(None, responses)[("exact", "writes_failed")] == 1
+
+
 def test_a_first_sighting_is_decided_on_the_callers_thread_and_never_wakes_the_writer(
     redis_server, monkeypatch
 ):
