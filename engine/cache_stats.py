@@ -37,8 +37,9 @@ def pool_size(pool: torch.Tensor) -> tuple[int, int]:
 
 
 def cache_gauges(prefix: PrefixCache | None, responses: ResponseTier | None) -> dict[tuple[str, str], float]:
-    """{(tier, gauge): value now}: blocks held in L1/L2 and their capacity (blocks, bytes), each key
-    directory's size and whether it is synced (0: every lookup of that tier goes to Redis)."""
+    """{(tier, gauge): value now}: blocks held in L1/L2 and their capacity (blocks, bytes), on CUDA whether
+    L2 is page-locked, each key directory's size and whether it is synced (0: every lookup of that tier
+    goes to Redis)."""
     out: dict[tuple[str, str], float] = {}
     directories: list[tuple[str, KeyDirectory | None]] = []
     if prefix is not None:
@@ -47,6 +48,8 @@ def cache_gauges(prefix: PrefixCache | None, responses: ResponseTier | None) -> 
         if prefix.l2 is not None:
             out[("l2", "blocks")] = len(prefix.l2.index)
             out[("l2", "capacity_blocks")], out[("l2", "capacity_bytes")] = pool_size(prefix.l2.pool)
+            if prefix.pool.is_cuda:  # 0: CUDA refused to lock L2's pages, its copies stage and wait
+                out[("l2", "page_locked")] = float(prefix.l2.page_locked)
         if prefix.l3 is not None:
             directories.append(("l3", prefix.l3.store.directory))
     if responses is not None:

@@ -140,6 +140,7 @@ def test_the_loader_sizes_both_tiers_from_memory_and_reports_their_capacity():
         assert (engine.prefix_cache.capacity, len(engine.prefix_cache.l2.pool)) == (7, 11)
         assert gauges[("l1", "capacity_blocks")] == 7 and gauges[("l1", "capacity_bytes")] == 7 * block
         assert gauges[("l2", "capacity_blocks")] == 11 and gauges[("l2", "capacity_bytes")] == 11 * block
+        assert ("l2", "page_locked") not in gauges  # host memory either way: nothing to lock for DMA
     finally:
         engine.shutdown(1.0)
 

@@ -222,6 +222,7 @@ def _host_allocator_bytes() -> int:
 def test_the_loader_sizes_l1_in_device_memory_and_pins_l2_exactly():
     """The byte-sized tiers on CUDA: L1 in device memory, L2 page-locked at the size asked (96 MiB, not
     torch's 128). Blocks' round trips through registered pages: the demotion test above."""
+    from engine.cache_stats import cache_gauges
     from engine.config import EngineConfig
     from engine.loader import load_engine
     from tests.conftest import MODEL_DIR
@@ -241,5 +242,6 @@ def test_the_loader_sizes_l1_in_device_memory_and_pins_l2_exactly():
         assert cache.pool.is_cuda and cache.bytes <= 64 * 2**20 < cache.bytes + cache.bytes // cache.capacity
         assert cache.l2.page_locked and cache.l2.pool.is_pinned()
         assert cache.l2.bytes <= 96 * 2**20 and _host_allocator_bytes() - before < cache.l2.bytes
+        assert cache_gauges(cache, None)[("l2", "page_locked")] == 1.0
     finally:
         engine.shutdown(1.0)
