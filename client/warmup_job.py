@@ -430,11 +430,11 @@ def select_from_counts(
     wanted = list(dict.fromkeys(_item_key(item) for item in (*top, *picks)))
     capped = 0
     if config.max_items is not None and len(wanted) > config.max_items:
-        kept = list(dict.fromkeys(_item_key(item) for item in picks))[: config.max_items]
-        kept += [key for key in wanted if key not in set(kept)][: config.max_items - len(kept)]
+        kept = set(list(dict.fromkeys(_item_key(item) for item in picks))[: config.max_items])
+        kept.update([key for key in wanted if key not in kept][: config.max_items - len(kept)])
         capped = len(wanted) - len(kept)
-        top = [item for item in top if _item_key(item) in set(kept)]
-        picks = [item for item in picks if _item_key(item) in set(kept)]
+        top = [item for item in top if _item_key(item) in kept]
+        picks = [item for item in picks if _item_key(item) in kept]
     chosen: dict[tuple[str, str], WarmupItem] = {}
     extra = [WarmupItem(t.prompt, t.tenant, REASON_TEMPLATE, 0, None, t.scenario) for t in templates]
     if config.edge_cases:
