@@ -146,11 +146,16 @@ class LoadCostModel:
         return mean if slope is None else min(slope, mean)
 
     def should_load(self, tokens: int, nbytes: int) -> bool:
-        """True when loading `nbytes` of KV is predicted to beat recomputing `tokens` by the margin, or
-        as an exploration: a model that chooses to recompute measures no more loads, so one slow spell of
-        Redis would turn L3 off on this replica for good. When no load has been measured for
-        `explore_every_s`, one load goes anyway (counted as `explore`): at most one request a period
-        pays for it, and its measurement replaces the mean, so a Redis fast again wins the next decision."""
+        """Whether to load (`decide` says load or explore)."""
+        return self.decide(tokens, nbytes) != "recompute"
+
+    def decide(self, tokens: int, nbytes: int) -> str:
+        """ "load" when loading `nbytes` of KV is predicted to beat recomputing `tokens` by the margin, else
+        "recompute", or "explore": a model that chooses to recompute measures no more loads, so one slow
+        spell of Redis would turn L3 off on this replica for good. When no load has been measured for
+        `explore_every_s`, one load goes anyway (the caller bounds its size, `L3Tier`): at most one
+        request a period pays for it, and its measurement replaces the mean, so a Redis fast again wins
+        the next decision."""
         load = tokens > 0 and self.predict_load_s(nbytes) * self.margin < self.predict_prefill_s(tokens)
         with self._lock:
             now = self.clock()
@@ -161,8 +166,9 @@ class LoadCostModel:
             if explore:
                 self._last_load_at = now  # one exploration a period, however many callers race here
                 self._exploring = True
-            self.decisions["explore" if explore else "load" if load else "recompute"] += 1
-        return load or explore
+            decision = "explore" if explore else "load" if load else "recompute"
+            self.decisions[decision] += 1
+        return decision
 
     @property
     def estimates(self) -> CostEstimates:

@@ -30,6 +30,10 @@ if TYPE_CHECKING:  # redis-py is imported only where the store is built (engine/
     from cache.redis_kv_store import RedisKVStore
 
 LAYOUT = "L2HBD-v1"  # [layers, 2 (k/v), kv_heads, block tokens, head_dim]
+# an exploration (cache/cost_model.py) loads at most this many leading blocks and recomputes the rest:
+# enough bytes to measure Redis (8 MB for the 1B model), few enough that the one request a period that
+# explores stays within a few ms of its recompute
+EXPLORE_BLOCKS = 16
 
 
 class L3Tier:
@@ -117,8 +121,11 @@ class L3Tier:
         self._remember(keys[:available])
         if available == 0:
             return [], "missing"
-        if not self.cost.should_load(available * self.meta.token_count, available * self.block_bytes):
+        decision = self.cost.decide(available * self.meta.token_count, available * self.block_bytes)
+        if decision == "recompute":
             return [], "recompute"
+        if decision == "explore":  # a measurement, not a win: its request pays for a few blocks at most
+            available = min(available, EXPLORE_BLOCKS)
         started = time.perf_counter()
         blocks = self.store.get_chain(keys[:available], self.meta)
         with self._lock:

@@ -307,3 +307,27 @@ def test_l3_writes_the_writer_cannot_keep_up_with_are_dropped_without_waiting_an
     assert cache_counters(cache, None)[("l3", "writes_dropped")] == 3
     release.set()
     l3.close()
+
+
+def test_an_exploration_loads_a_bounded_leading_run_and_measures_it(redis_server, request):  # noqa: F811
+    """A replica that recomputes explores once a period: it loads at most EXPLORE_BLOCKS leading blocks
+    of a longer chain (the request recomputes the rest), and that load is what the model measures."""
+    from engine.kv_tiers import EXPLORE_BLOCKS
+    from tests.test_redis_kv_store import META, _block, _keys
+
+    store = RedisKVStore(redis_server, f"kv-test:{request.node.name}", timeout_s=0.5)
+    clock = FakeClock()
+    slow = LoadCostModel(prior_load_bytes_per_s=1.0, prior_prefill_tokens_per_s=1e9, clock=clock)
+    l3 = L3Tier(store, META, slow)
+    try:
+        keys = _keys(EXPLORE_BLOCKS + 4)
+        assert store.put_chain(keys, [_block(i) for i in range(len(keys))], META) == len(keys)
+        assert l3.fetch_with_outcome(keys) == ([], "recompute")
+        clock.now += 60.0
+        blocks, outcome = l3.fetch_with_outcome(keys)
+        assert outcome == "loaded" and len(blocks) == EXPLORE_BLOCKS
+        torch.testing.assert_close(blocks[-1], _block(EXPLORE_BLOCKS - 1))
+        assert slow.decisions == {"load": 0, "recompute": 1, "explore": 1}
+        assert slow.estimates.load_observations == 1 and slow.estimates.load_bytes_per_s > 1.0
+    finally:
+        l3.close()
