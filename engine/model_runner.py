@@ -350,11 +350,19 @@ class ModelRunner:
     def _prefill_attention(self, slot: int, start: int, padded_len: int):
         """Causal attention for the new tokens; after a reused prefix (`start` > 0) the queries sit
         at the end of the keys, which `causal_lower_right` expresses without a materialized mask, so
-        CUDA runs it with the flash kernel (heads expanded: flash takes equal head counts)."""
+        CUDA runs it with the flash kernel (heads expanded: flash takes equal head counts). The CPU
+        kernels take no such bias: SDPA would build the mask again in every layer (a tril and a where), so
+        there it is built once, as an additive mask (256 new tokens after 1,616, tiny model, CPU VM:
+        23.7-23.8 -> 22.6-23.0 ms a prefill)."""
         pool, local = self._slot_pool[slot]
         cache = pool.cache
         end = start + padded_len
-        offset = causal_lower_right(padded_len, end) if start else None
+        offset = None
+        if start:
+            offset = causal_lower_right(padded_len, end)
+            if cache.device.type == "cpu":
+                allowed = offset._materialize(cache.device)
+                offset = torch.zeros(allowed.shape, dtype=cache.dtype).masked_fill_(~allowed, float("-inf"))
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache[layer, 0, local, :, start:end] = k[0]
