@@ -4,6 +4,7 @@ in step with the launcher and the client."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from pathlib import Path
@@ -118,3 +119,27 @@ def test_the_compose_redis_is_bounded_and_evicts_as_the_launchers_does() -> None
     options = dict(zip(command[1::2], command[2::2]))
     assert options["--maxmemory-policy"] == REDIS_POLICY
     assert parse_memory("maxmemory", options["--maxmemory"].replace("gb", "GB")) >= GIB
+
+
+KUBERNETES_VERSION = "1.30"  # the oldest release still in upstream support when these were written
+
+
+@pytest.mark.parametrize("manifest", ["server.yaml", "warmup-cronjob.yaml"])
+def test_every_resource_is_valid_for_the_kubernetes_api(manifest: str) -> None:
+    """Strict: a misspelled or misplaced field (`limit:` for `limits:`, a probe under the pod spec) is an
+    error here, not a resource the API server rejects or silently drops at deploy time."""
+    import kubernetes_validate
+
+    for doc in yaml.safe_load_all((DOCKER / "k8s" / manifest).read_text()):
+        if doc:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_schema_check_catches_a_misspelled_field(server) -> None:
+    import kubernetes_validate
+
+    deployment = copy.deepcopy(server["Deployment"])  # the fixture is shared by the module
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["resources"]["limit"] = container["resources"].pop("limits")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
