@@ -35,6 +35,7 @@ class TierRow:
     bad_values: float  # corrupt, incompatible or half-evicted values, deleted
     full_refusals: float  # writes a full Redis refused
     decisions: dict[str, float] | None = None  # L3: chains loaded, recomputed (cheaper), loaded to explore
+    page_locked: float | None = None  # L2 on CUDA: 0 when CUDA refused to lock its pages
 
     @property
     def hit_rate(self) -> float | None:
@@ -77,6 +78,7 @@ def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
                 bad_values=sum(counter(name) for name in BAD_COUNTERS),
                 full_refusals=counter("full_refusals"),
                 decisions={name: counter(f"decision_{name}") for name in DECISIONS} if tier == "l3" else None,
+                page_locked=gauge("page_locked"),
             )
         )
     return rows
@@ -91,7 +93,8 @@ def format_rows(rows: list[TierRow]) -> str:
                "errors", "bad values", "full refusals"]  # fmt: skip
     body = []
     for row in rows:
-        held = "-" if row.capacity is None else f"{_figure(row.held)} / {row.capacity:g} ({row.fill:.0%})"
+        held = "-" if row.capacity is None else f"{_figure(row.held)} / {row.capacity:g}"
+        held += "" if row.fill is None else f" ({row.fill:.0%})"
         body.append([
             row.tier, f"{row.hits:g} {row.unit}", _figure(row.misses), _figure(row.hit_rate, "{:.1%}"), held,
             f"{row.evictions:g}", f"{row.seconds_saved:.3f}", f"{row.seconds_lost:.3f}", f"{row.errors:g}",
@@ -101,6 +104,11 @@ def format_rows(rows: list[TierRow]) -> str:
     lines = [headers, ["-" * width for width in widths], *body]
     table = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
     for row in rows:
+        if row.page_locked == 0:
+            table += (
+                f"\n{row.tier} is pageable: CUDA refused to lock its pages (the container's memlock "
+                "limit?), so its copies to and from the GPU stage through a buffer and wait"
+            )
         if row.decisions is not None:
             d = row.decisions
             table += (

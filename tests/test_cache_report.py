@@ -51,6 +51,17 @@ def test_the_table_shows_fill_and_hit_rate():
     assert "64 / 256 (25%)" in l1 and "30 blocks" in l1
     assert "75.0%" in next(line for line in table.splitlines() if line.startswith("exact "))
     assert "l3 chains Redis held: 2 loaded, 9 recomputed" in table and "1 loaded to re-measure" in table
+    assert "pageable" not in table
+
+
+def test_an_l2_that_could_not_be_locked_is_called_out():
+    scrape = SCRAPE + (
+        'llm_engine_cache_state{model="llm_engine",version="1",tier="l2",gauge="page_locked"} 0\n'
+        'llm_engine_cache_state{model="llm_engine",version="1",tier="l2",gauge="capacity_blocks"} 8\n'
+    )  # no "blocks" gauge: the table still formats
+    rows = {row.tier: row for row in tier_rows(parse_metrics(scrape))}
+    assert rows["l2"].page_locked == 0 and rows["l1"].page_locked is None
+    assert "l2 is pageable: CUDA refused to lock its pages" in format_rows(list(rows.values()))
 
 
 def test_an_unreachable_server_is_an_error_not_an_empty_table():
