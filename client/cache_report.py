@@ -106,8 +106,8 @@ def format_rows(rows: list[TierRow]) -> str:
     for row in rows:
         if row.page_locked == 0:
             table += (
-                f"\n{row.tier} is pageable: CUDA refused to lock its pages (the container's memlock "
-                "limit?), so its copies to and from the GPU stage through a buffer and wait"
+                f"\n{row.tier} is pageable: CUDA refused to lock its pages (the engine's log has the "
+                "load), so its copies to and from the GPU stage through a buffer and wait"
             )
         if row.decisions is not None:
             d = row.decisions
