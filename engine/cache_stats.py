@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
-import torch
-
 from cache.key_directory import KeyDirectory, KeyDirectoryStats
 
 from engine.prefix_cache import PrefixCache
@@ -31,11 +29,6 @@ def directory_counters(tier: str, directory: KeyDirectory | None) -> dict[tuple[
     return {(tier, f"directory_{name}"): counts[name] for name in DIRECTORY_COUNTERS}
 
 
-def pool_size(pool: torch.Tensor) -> tuple[int, int]:
-    """A block pool's capacity: (blocks, bytes)."""
-    return pool.shape[0], pool.numel() * pool.element_size()
-
-
 def cache_gauges(prefix: PrefixCache | None, responses: ResponseTier | None) -> dict[tuple[str, str], float]:
     """{(tier, gauge): value now}: blocks held in L1/L2 and their capacity (blocks, bytes), on CUDA whether
     L2 is page-locked, each key directory's size and whether it is synced (0: every lookup of that tier
@@ -44,10 +37,11 @@ def cache_gauges(prefix: PrefixCache | None, responses: ResponseTier | None) -> 
     directories: list[tuple[str, KeyDirectory | None]] = []
     if prefix is not None:
         out[("l1", "blocks")] = len(prefix.index)
-        out[("l1", "capacity_blocks")], out[("l1", "capacity_bytes")] = pool_size(prefix.pool)
+        out[("l1", "capacity_blocks")], out[("l1", "capacity_bytes")] = prefix.capacity, prefix.bytes
         if prefix.l2 is not None:
             out[("l2", "blocks")] = len(prefix.l2.index)
-            out[("l2", "capacity_blocks")], out[("l2", "capacity_bytes")] = pool_size(prefix.l2.pool)
+            out[("l2", "capacity_blocks")] = len(prefix.l2.pool)
+            out[("l2", "capacity_bytes")] = prefix.l2.bytes
             if prefix.pool.is_cuda:  # 0: CUDA refused to lock L2's pages, its copies stage and wait
                 out[("l2", "page_locked")] = float(prefix.l2.page_locked)
         if prefix.l3 is not None:
