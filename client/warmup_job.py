@@ -249,7 +249,7 @@ class PromptCounter:
         self.records = 0
 
     def add(self, record: LogRecord) -> None:
-        key = (record.tenant, normalize_prompt(record.prompt))
+        key = _item_key(record)
         self._variants.setdefault(key, Counter())[record.prompt] += 1
         self._first.setdefault(key, self.records)
         self.records += 1
@@ -376,8 +376,8 @@ def _edge_cases(
     return items
 
 
-def _item_key(item: WarmupItem) -> tuple[str, str]:
-    """What makes two items the same request: tenant and prompt, whitespace aside."""
+def _item_key(item: LogRecord | WarmupItem) -> tuple[str, str]:
+    """What makes two records or items the same request: tenant and prompt, whitespace aside."""
     return item.tenant, normalize_prompt(item.prompt)
 
 
