@@ -42,8 +42,8 @@ class FullGate:
             return False
 
     def refused(self, exc: BaseException) -> bool:
-        """Whether `exc` was Redis refusing a write for memory; if so writes pause (the breaker is not
-        told: Redis answered, and reads still work)."""
+        """Whether `exc` was Redis refusing a write for memory; if so writes pause. Not a breaker failure:
+        Redis answered and reads still work, so callers report it to their breaker as a success."""
         if not is_out_of_memory(exc):
             return False
         with self._lock:
