@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cache.cost_model import LoadCostModel, ReuseLedger
+from tests.test_redis_kv_store import FakeClock
 
 # A 16-token block of a ~1B Llama in bf16: 16 layers * 2 * 8 heads * 16 tokens * 64 dims * 2 bytes.
 BLOCK_BYTES = 16 * 2 * 8 * 16 * 64 * 2
@@ -118,18 +119,10 @@ def test_one_prompt_length_alone_falls_back_to_the_mean_cost_per_token():
     assert m.predict_prefill_s(500) == pytest.approx(0.0055, rel=0.01)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_model_that_recomputes_explores_one_load_a_period_and_recovers():
     """After a slow spell the model recomputes, so it would never measure Redis again: once no load was
     measured for explore_every_s, one request loads anyway, and a fast Redis wins the decision back."""
-    clock = _Clock()
+    clock = FakeClock()
     m = LoadCostModel(explore_every_s=60.0, clock=clock)
     for _ in range(30):
         m.observe_prefill(2048, 2048 / 20_000)
