@@ -112,16 +112,25 @@ def tenant_tag(tenant: str) -> str:
     return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
 
 
+SECRET_QUERY_ARGS = ("password", "ssl_password")  # redis-py's from_url takes any keyword from the query
+
+
 def redact_url(url: str) -> str:
     """`url` with its password (and user) replaced by `***`, for messages and logs: a Redis URL may
-    carry credentials (`redis://:secret@host:6379/0`, `rediss://user:secret@...`)."""
+    carry credentials (`redis://:secret@host:6379/0`, `rediss://user:secret@...`, `...?password=secret`)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
+    rest, mark, query = rest.partition("?")
+    if mark:
+        pairs = [pair.partition("=") for pair in query.split("&")]
+        query = "&".join(
+            f"{name}{eq}{'***' if name in SECRET_QUERY_ARGS and eq else value}" for name, eq, value in pairs
+        )
     netloc, slash, path = rest.partition("/")
-    if "@" not in netloc:
-        return url
-    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    return f"{scheme}://{netloc}{slash}{path}{mark}{query}"
 
 
 def make_redis_client(redis_url: str, timeout_s: float):

@@ -2,6 +2,7 @@
 # Set up everything the project needs on a Debian/Ubuntu x86_64 machine, from scratch or incrementally:
 #   - apt: redis-server, libb64-0d (perf_analyzer needs libb64), g++ (torch.compile's inductor builds
 #     its CPU kernels with it: `compile` / LLM_COMPILE=true)
+#   - apt: openssl (the TLS Redis test makes its certificates with it)
 #   - .venv: Python 3.11 virtualenv with requirements.txt (torch CPU build, numpy<2)
 #   - .tools/triton: tritonserver 2.51 + Python backend, unpacked from the nvidia-pytriton 0.7.0 wheel
 #   - .tools/perf_analyzer: perf_analyzer from the tritonclient 2.50.0 wheel (extracted, not pip-installed)
@@ -38,6 +39,7 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 dpkg -s libb64-0d >/dev/null 2>&1 || need_apt+=(libb64-0d)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # the TLS Redis test's certificates
 if ((${#need_apt[@]})); then
   SUDO=""
   [[ $(id -u) -ne 0 ]] && SUDO=sudo
@@ -45,7 +47,7 @@ if ((${#need_apt[@]})); then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 else
-  log "apt: redis-server, libb64-0d and g++ present"
+  log "apt: redis-server, libb64-0d, g++ and openssl present"
 fi
 
 # ---------------------------------------------------------------- virtualenv

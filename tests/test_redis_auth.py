@@ -27,34 +27,43 @@ PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
 GREEDY = EngineRequestParams(max_tokens=8)
 
 
-@pytest.fixture(scope="module")
-def auth_redis(tmp_path_factory):
-    """A redis-server of its own that refuses clients without PASSWORD; its authenticated URL."""
-    port = find_free_port()
-    run_dir = tmp_path_factory.mktemp("auth-redis")
+def spawn_redis(run_dir, args: list[str], url: str) -> subprocess.Popen:
+    """A redis-server of a test's own with `args` (auth, TLS), returned once a client of `url` gets a PONG."""
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(run_dir), "--requirepass", PASSWORD],
+        ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(run_dir),
+         *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
 
     def answers() -> bool:
         try:
             return bool(client.ping())
-        except redis.ConnectionError:
+        except (redis.ConnectionError, OSError):
             return False
 
-    assert wait_for(answers, 10.0), "the password-protected redis-server did not start"
+    try:
+        assert wait_for(answers, 10.0), f"redis-server {' '.join(args)} did not start"
+    finally:
+        client.close()
+    return proc
+
+
+@pytest.fixture(scope="module")
+def auth_redis(tmp_path_factory):
+    """A redis-server of its own that refuses clients without PASSWORD; its authenticated URL."""
+    port = find_free_port()
+    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+    args = ["--port", str(port), "--requirepass", PASSWORD]
+    proc = spawn_redis(tmp_path_factory.mktemp("auth-redis"), args, url)
     yield url, port
-    client.close()
     proc.terminate()
     proc.wait(timeout=10)
 
 
-def test_every_cache_client_authenticates_from_the_url(auth_redis):
-    url, _ = auth_redis
+def exercise_every_client(url: str) -> None:
+    """Every Redis client an engine builds (exact cache, key directory with its subscription, L3 store,
+    traffic stats) does its work through `url`, with no error counted."""
     exact = ExactResponseCache(url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     namespace = f"test:kv:{uuid.uuid4().hex[:8]}"
     directory = KeyDirectory(url, namespace).start()
@@ -75,19 +84,29 @@ def test_every_cache_client_authenticates_from_the_url(auth_redis):
         traffic.client.close()
 
 
-def test_a_wrong_password_is_an_unavailable_cache_not_an_error(auth_redis):
-    _, port = auth_redis
-    wrong = f"redis://:not-{PASSWORD}@127.0.0.1:{port}/0"
-    exact = ExactResponseCache(wrong, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    store = RedisKVStore(wrong, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+def assert_unavailable_not_failing(url: str) -> str | None:
+    """A cache behind `url` that cannot be reached as asked is a miss and counted errors, never an
+    exception; returns the L3 store's last error, for the caller to check what it shows."""
+    exact = ExactResponseCache(url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    store = RedisKVStore(url, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     try:
         assert not exact.put([1, 2], GREEDY, "hello") and exact.get([1, 2], GREEDY) is None
         assert store.put_chain(_keys(1), [_block(1)], META) == 0 and store.get(_keys(1)[0], META) is None
         assert exact.snapshot()["errors"] == 2 and store.stats.errors == 2
-        assert PASSWORD not in (store.last_error or "")
+        return store.last_error
     finally:
         exact.close()
         store.close()
+
+
+def test_every_cache_client_authenticates_from_the_url(auth_redis):
+    exercise_every_client(auth_redis[0])
+
+
+def test_a_wrong_password_is_an_unavailable_cache_not_an_error(auth_redis):
+    _, port = auth_redis
+    last_error = assert_unavailable_not_failing(f"redis://:not-{PASSWORD}@127.0.0.1:{port}/0")
+    assert last_error and PASSWORD not in last_error
 
 
 def test_the_commands_take_credentials_and_never_print_them(auth_redis, metrics_url):  # noqa: F811
@@ -109,7 +128,10 @@ def test_the_commands_take_credentials_and_never_print_them(auth_redis, metrics_
      ("rediss://user:pw@cache.internal:6380", "rediss://***@cache.internal:6380"),
      ("redis://localhost:6379/0", "redis://localhost:6379/0"),
      ("redis://:p@ss@host/1", "redis://***@host/1"),
-     ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock")],
+     ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock"),
+     ("redis://host:6379/0?password=pw&db=1", "redis://host:6379/0?password=***&db=1"),
+     ("rediss://:pw@host/0?ssl_ca_certs=/ca.crt&ssl_password=kp", "rediss://***@host/0?ssl_ca_certs=/ca.crt&ssl_password=***"),
+     ("redis://host/0?socket_timeout=1", "redis://host/0?socket_timeout=1")],
 )  # fmt: skip
 def test_a_url_is_shown_without_its_credentials(url, shown):
     assert redact_url(url) == shown
