@@ -4,9 +4,13 @@ At capacity the engine thread is the bottleneck, and at 0% hits the only KV-tier
 of every prompt's new blocks (`bench.prefix_cache` (b) at capacity: the KV tiers cost about 1.3% of
 throughput, the store 0.56 ms of host time per request). This measures that store alone, per scenario:
 L1 with free rows; L1 full with L2 (every store demotes as many blocks to L2); L1 full without L2 (they
-are forgotten); and on CUDA, L1 full with L2 while 20 ms of work is queued on the device, which shows
-whether a store ever waits for the device (it must not). One fresh cache per scenario on one loaded
-model; prompts are unique random ids.
+are forgotten); L1 full with L2 right after the thread slept 20 ms; and on CUDA, L1 full with L2 while
+20 ms of work is queued on the device, which shows whether a store ever waits for the device (it must
+not). The slept row is the control for the busy one: on the H200 host a store after 20 ms of host sleep
+with no device work (0.52-0.60 ms median) was slower than one with the device busy (0.25-0.49 ms),
+against 0.10-0.11 ms back to back (throwaway script, 2026-11-30): what slows a store there is the
+thread having waited (cold caches, a core that idled), not the device. One fresh cache per scenario on
+one loaded model; prompts are unique random ids.
 
     python -m bench.store_cost [--stores 400] [--prompt-tokens 256]
     python -m bench.store_cost --device cuda --dtype bfloat16 --preset 1b --max-seq-len 4096 --tag h200
@@ -39,12 +43,14 @@ class Scenario:
     fill: bool  # store prompts until L1 is full before timing
     l2: bool
     busy_device: bool = False
+    host_idle_s: float = 0.0  # the thread sleeps this long before each timed store
 
 
 SCENARIOS = (
     Scenario("L1 with free rows", fill=False, l2=True),
     Scenario("L1 full, demoting to L2", fill=True, l2=True),
     Scenario("L1 full, no L2", fill=True, l2=False),
+    Scenario("L1 full, L2, after 20 ms of host sleep", fill=True, l2=True, host_idle_s=0.02),
 )
 BUSY = Scenario("L1 full, L2, device busy (20 ms queued)", fill=True, l2=True, busy_device=True)
 
@@ -91,6 +97,8 @@ def measure(runner: ModelRunner, args, scenario: Scenario, seed: int) -> StoreTi
         keys = cache.chain_keys(prompt, "bench")
         if scenario.busy_device:
             torch.cuda._sleep(BUSY_CYCLES)
+        if scenario.host_idle_s:
+            time.sleep(scenario.host_idle_s)
         started = time.perf_counter()
         cache.store(0, prompt[: len(keys) * block], "bench", head=keys)
         elapsed = time.perf_counter() - started
