@@ -9,6 +9,7 @@
 #   bash scripts/gpu/runs.sh prefix-capacity # (b) at capacity: 16 clients for the 8 slots, 36 rounds (+12 A/A)
 #   bash scripts/gpu/runs.sh store      # bench.store_cost: a prefix-cache store's host time, in-process (~20 s)
 #   bash scripts/gpu/runs.sh warmup     # bench.warmup (cold / v1 / planned)
+#   bash scripts/gpu/runs.sh replica    # bench.replica_prefill: (c), a new replica with / without L3 prefill
 # Results land in $OUT (the device tool's output folder); copy them to bench/results/.
 set -uo pipefail
 . scripts/gpu/env.sh
@@ -32,6 +33,7 @@ case "${1:-}" in
   store) python3 -m bench.store_cost $GPU_ARGS 2>&1 | grep -v "Loading weights" | grep "|" ;;
   warmup) python3 -m bench.warmup $GPU_ARGS --median-tokens 300 --sigma 1.2 2>&1 |
     grep -v "Loading weights" | grep "|\|^- \|prompt lengths" ;;
-  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|prefix-b|prefix-load|prefix-capacity|store|warmup" >&2; exit 2 ;;
+  replica) python3 -m bench.replica_prefill $GPU_ARGS 2>&1 | grep -v "Loading weights" | grep "|\|^- \|target" ;;
+  *) echo "usage: bash scripts/gpu/runs.sh tests|coldstart|prefix|prefix-b|prefix-load|prefix-capacity|store|warmup|replica" >&2; exit 2 ;;
 esac
 echo "[gpu] $1: $(( $(date +%s) - t0 )) s"
