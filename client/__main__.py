@@ -146,11 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
 def run_forget_tenant(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import redis
 
+    from cache.redis_topology import probe_topology
     from cache.response_cache import make_redis_client
     from cache.tenant_erasure import erase_tenant
 
     client = make_redis_client(args.redis_url, timeout_s=10.0)  # SCAN pages and batched UNLINKs
     try:
+        probe_topology(client)  # a SCAN of one master of several would leave the others' keys
         erasure = erase_tenant(client, args.tenant, dry_run=args.dry_run)
     except (redis.RedisError, ValueError) as exc:
         print(f"error: {exc}", file=err)

@@ -25,7 +25,8 @@ from engine.gc_settle import settle_garbage_collector
 from engine.model_runner import ModelRunner
 from cache.kv_format import KVBlockMeta, dtype_name
 from cache.key_directory import KeyDirectory
-from cache.response_cache import ExactResponseCache, exact_namespace
+from cache.redis_topology import check_redis_url
+from cache.response_cache import ExactResponseCache, exact_namespace, redact_url
 from engine.kv_tiers import LAYOUT, L3Tier
 from engine.l2_pool import HostBlockPool
 from engine.response_tier import ResponseTier
@@ -104,6 +105,19 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
     if config.plan_kv_from_traffic and config.kv_length_classes:
         kv = plan_kv_pools(reserved, slots, max_len, buckets.buckets, min_samples=config.plan_min_samples)
     return TrafficPlan(buckets, histogram, kv, store, failures)
+
+
+def check_redis(config: EngineConfig, log) -> None:
+    """Refuse a Redis the caches cannot use (a cluster of several masters: UnsupportedRedis, a
+    ValueError, so `initialize` fails naming it); a Redis that is down only gets a log line."""
+    if not config.redis_url:
+        return
+    try:
+        topology = check_redis_url(config.redis_url)
+    except ImportError as exc:  # redis-py missing: every Redis tier logs itself off
+        log(f"redis check skipped: {exc}")
+        return
+    log(f"redis {redact_url(config.redis_url)}: {topology.describe()}")
 
 
 def key_directory(config: EngineConfig, namespace: str, log) -> KeyDirectory | None:
@@ -263,6 +277,7 @@ def load_engine(
     torch.manual_seed(config.seed)
     started = time.perf_counter()
     started_ns = time.perf_counter_ns()
+    check_redis(config, log)
     max_len = model_max_len(model_dir, config.max_seq_len)
     plan = plan_from_traffic(config, model_dir, max_len, model_name)
     plan_seconds = time.perf_counter() - started
