@@ -109,17 +109,22 @@ def test_a_wrong_password_is_an_unavailable_cache_not_an_error(auth_redis):
     assert last_error and PASSWORD not in last_error
 
 
-def test_the_commands_take_credentials_and_never_print_them(auth_redis, metrics_url):  # noqa: F811
-    url, port = auth_redis
+def check_the_commands(url: str, refused_url: str, scrape_url: str, secret: str) -> None:
+    """`forget-tenant` and `cache` (reading `scrape_url`) work through `url`; through `refused_url`
+    `cache` fails saying which Redis it could not read, redacted; `secret` is printed by neither."""
     out = io.StringIO()
     assert main(["forget-tenant", "nobody", "--redis-url", url], out=out) == 0
     assert "deleted 0 exact keys" in out.getvalue()
-    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", url], out=out) == 0
+    assert main(["cache", "--metrics-url", scrape_url, "--redis-url", url], out=out) == 0
     out, err = io.StringIO(), io.StringIO()
-    wrong = f"redis://:not-{PASSWORD}@127.0.0.1:{port}/0"
-    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", wrong], out=out, err=err) == 1
-    assert "cannot read redis://***@127.0.0.1" in err.getvalue()
-    assert PASSWORD not in out.getvalue() + err.getvalue()
+    assert main(["cache", "--metrics-url", scrape_url, "--redis-url", refused_url], out=out, err=err) == 1
+    assert f"cannot read {redact_url(refused_url)}" in err.getvalue() and "***@127.0.0.1" in err.getvalue()
+    assert secret not in out.getvalue() + err.getvalue()
+
+
+def test_the_commands_take_credentials_and_never_print_them(auth_redis, metrics_url):  # noqa: F811
+    url, port = auth_redis
+    check_the_commands(url, f"redis://:not-{PASSWORD}@127.0.0.1:{port}/0", metrics_url, PASSWORD)
 
 
 @pytest.mark.parametrize(

@@ -5,17 +5,20 @@ given, or a client speaking plain RESP to the TLS port) is an unavailable cache,
 
 from __future__ import annotations
 
-import io
 import shutil
 import subprocess
 import uuid
 
 import pytest
 
-from client.__main__ import main
 from deploy.launch import find_free_port
 from tests.test_cache_report import metrics_url  # noqa: F401  (the fixture)
-from tests.test_redis_auth import assert_unavailable_not_failing, exercise_every_client, spawn_redis
+from tests.test_redis_auth import (
+    assert_unavailable_not_failing,
+    check_the_commands,
+    exercise_every_client,
+    spawn_redis,
+)
 
 PASSWORD = "tls-" + uuid.uuid4().hex[:8]
 
@@ -72,12 +75,4 @@ def test_a_server_the_client_cannot_verify_is_an_unavailable_cache(tls_redis, ma
 
 def test_the_commands_work_over_tls(tls_redis, metrics_url):  # noqa: F811
     url, port, _ = tls_redis
-    out = io.StringIO()
-    assert main(["forget-tenant", "nobody", "--redis-url", url], out=out) == 0
-    assert "deleted 0 exact keys" in out.getvalue()
-    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", url], out=out) == 0
-    out, err = io.StringIO(), io.StringIO()
-    unverified = f"rediss://:{PASSWORD}@127.0.0.1:{port}/0"
-    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", unverified], out=out, err=err) == 1
-    assert "cannot read rediss://***@127.0.0.1" in err.getvalue()
-    assert PASSWORD not in out.getvalue() + err.getvalue()
+    check_the_commands(url, f"rediss://:{PASSWORD}@127.0.0.1:{port}/0", metrics_url, PASSWORD)
