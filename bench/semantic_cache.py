@@ -18,7 +18,10 @@ rules pick from the tuning half the point with the
 highest hit rate whose precision is at least --min-precision: by the point estimate, and by a one-sided
 Wilson lower bound (z = --z), which the point estimate on ~230 pairs overrates. The lower-bound choice is
 the headline and what the cache's defaults should be. A 5-fold estimate (tune on 4/5, measure on 1/5,
-pooled) is reported beside it. Writes bench/results/semantic-cache-<tag>.{json,md,png}.
+pooled) is reported beside it. The pairs of --fresh (data/paraphrases-fresh.jsonl: written blind to the
+guard and the verifier) are only measured at the chosen settings: their questions are stored in a tenant
+of their own, and no threshold, verifier fit or fold sees them. Writes
+bench/results/semantic-cache-<tag>.{json,md,png}.
 
     python -m bench.semantic_cache [--write-weights]   # the latter also rewrites cache/semantic_verifier.json
 """
@@ -55,8 +58,12 @@ from scheduler.messages import EngineRequestParams
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA = REPO_ROOT / "data" / "paraphrases.jsonl"
+# written blind to the guard and the verifier (2026-11-30), after the frame condition of the swap rule
+# was set: never tuned on, only measured
+FRESH = REPO_ROOT / "data" / "paraphrases-fresh.jsonl"
 RESULTS = REPO_ROOT / "bench" / "results"
 TENANT = "bench"
+FRESH_TENANT = "bench-fresh"  # the fresh pairs' entries: a store of their own, as another deployment's
 FOLDS = 5
 
 
@@ -66,11 +73,15 @@ class Pair:
     b: str
     same: bool
     kind: str
-    source: str  # "original" (the first 343 pairs) or "added" (written after the guard's word lists)
+    source: str  # "original" (the first 343), "added" (after the guard's word lists), "fresh" (--fresh)
 
     @property
     def bucket(self) -> int:
         return int(hashlib.sha256(self.a.encode()).hexdigest(), 16)
+
+    @property
+    def tenant(self) -> str:
+        return FRESH_TENANT if self.source == "fresh" else TENANT
 
     @property
     def half(self) -> str:
@@ -124,12 +135,13 @@ def wilson_lower(successes: int, n: int, z: float) -> float:
     return (centre - spread) / (1 + z * z / n)
 
 
-def load_pairs(path: Path) -> list[Pair]:
+def load_pairs(path: Path, source: str | None = None) -> list[Pair]:
+    """`source`: the set every pair of the file belongs to (default: each line's "set", else original)."""
     pairs = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             d = json.loads(line)
-            pairs.append(Pair(d["a"], d["b"], bool(d["same"]), d["kind"], d.get("set", "original")))
+            pairs.append(Pair(d["a"], d["b"], bool(d["same"]), d["kind"], source or d.get("set", "original")))
     return pairs
 
 
@@ -147,7 +159,7 @@ def lookups(
     out: list[tuple[str, str] | None] = []
     for pair, vec in zip(pairs, query_vecs):
         hit = cache.lookup(
-            pair.b, TENANT, params, embedding=vec, threshold=threshold, low_threshold=low_threshold
+            pair.b, pair.tenant, params, embedding=vec, threshold=threshold, low_threshold=low_threshold
         )
         out.append(None if hit is None else (hit.prompt, hit.band))
     return out
@@ -314,6 +326,12 @@ def grid_points(pairs, ranked, verifier, keep, highs, lows, cuts) -> list[Point]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument(
+        "--fresh",
+        type=Path,
+        default=FRESH,
+        help="pairs only measured, never tuned on (skipped when the file does not exist)",
+    )
     ap.add_argument("--tag", default="cpu")
     ap.add_argument("--min-precision", type=float, default=0.97)
     ap.add_argument("--z", type=float, default=1.0, help="one-sided Wilson z for the headline choice")
@@ -329,13 +347,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     pairs = load_pairs(args.data)
+    fresh_pairs = load_pairs(args.fresh, "fresh") if args.fresh.exists() else []
+    pairs += fresh_pairs
+    main_set = [p.source != "fresh" for p in pairs]
+    fresh = [not m for m in main_set]
     kinds = Counter(p.kind for p in pairs)
     sources = Counter(p.source for p in pairs)
     print(f"{len(pairs)} pairs from {args.data.name}: {dict(kinds)} {dict(sources)}", flush=True)
     t0 = time.perf_counter()
     embedder = MiniLMEmbedder()
     load_s = time.perf_counter() - t0
-    stored = sorted({p.a for p in pairs})
+    stored = sorted({p.a for p, m in zip(pairs, main_set) if m})
+    stored_fresh = sorted({p.a for p, m in zip(pairs, main_set) if not m})
     params = EngineRequestParams(max_tokens=64, temperature=0.0)
     singles = [round(x, 2) for x in np.arange(0.50, 0.9901, 0.01)]
     highs = [0.78, 0.80, 0.82, 0.84, 0.86]
@@ -351,20 +374,23 @@ def main(argv: list[str] | None = None) -> int:
             )
             t0 = time.perf_counter()
             stored_vecs = cache.embed_queries(stored)
+            fresh_vecs = cache.embed_queries(stored_fresh) if stored_fresh else stored_vecs[:0]
             query_vecs = cache.embed_queries([p.b for p in pairs])
-            embed_ms = (time.perf_counter() - t0) * 1000 / (len(stored) + len(pairs))
-            for text, vec in zip(stored, stored_vecs):
-                if not cache.store(text, TENANT, params, f"answer to: {text}", embedding=vec):
+            embed_ms = (time.perf_counter() - t0) * 1000 / (len(stored) + len(stored_fresh) + len(pairs))
+            entries = [(t, v, TENANT) for t, v in zip(stored, stored_vecs)]
+            entries += [(t, v, FRESH_TENANT) for t, v in zip(stored_fresh, fresh_vecs)]
+            for text, vec, tenant in entries:
+                if not cache.store(text, tenant, params, f"answer to: {text}", embedding=vec):
                     raise RuntimeError("store failed against the bench's own redis-server")
             # every eligible entry >= BASE_LOW per query, guard verdicts and features filled in, through
             # the cache's own ranking; each setting below replays them through the cache's own `select`
             ranked = [
-                cache.candidates(p.b, TENANT, params, embedding=v, low_threshold=BASE_LOW)
+                cache.candidates(p.b, p.tenant, params, embedding=v, low_threshold=BASE_LOW)
                 for p, v in zip(pairs, query_vecs)
             ]
-            everything = [True] * len(pairs)
-            tuning = [p.half == "tuning" for p in pairs]
-            held_out = [not t for t in tuning]
+            everything = main_set
+            tuning = [m and p.half == "tuning" for p, m in zip(pairs, main_set)]
+            held_out = [m and p.half == "held-out" for p, m in zip(pairs, main_set)]
             stored_half = {a: Pair(a, "", True, "", "").half for a in stored}
             tuned_verifier = fit_verifier(
                 pairs,
@@ -418,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "held-out, added pairs": at(point, [h and p.source == "added" for h, p in zip(held_out, pairs)]),
         }
+        if fresh_pairs:
+            subsets["fresh pairs (never tuned on)"] = at(point, fresh)
         report[name] = {
             "threshold": point.threshold,
             "low_threshold": point.low_threshold,
@@ -429,11 +457,17 @@ def main(argv: list[str] | None = None) -> int:
     folds = []  # k-fold: fit the verifier and pick the setting on 4/5 (queries and stored), measure on 1/5
     pooled = Counter()
     for fold in range(FOLDS):
-        test = [p.bucket % FOLDS == fold for p in pairs]
-        train = [not t for t in test]
+        test = [m and p.bucket % FOLDS == fold for p, m in zip(pairs, main_set)]
+        train = [m and not t for m, t in zip(main_set, test)]
         fold_of = {a: Pair(a, "", True, "", "").bucket % FOLDS for a in stored}
         v = fit_verifier(
-            pairs, stored, stored_vecs, query_vecs, train, lambda a, f=fold: fold_of[a] != f, f"fold {fold}"
+            pairs,
+            stored,
+            stored_vecs,
+            query_vecs,
+            train,
+            lambda a, f=fold: fold_of[a] != f,
+            f"fold {fold}",
         )
         best = choose(grid_points(pairs, ranked, v, train, highs, lows, cuts), args.min_precision, args.z)
         if best is None:
@@ -479,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     held = report[headline_name].get("_points", {}).get("held-out half")
     full = report[headline_name].get("_points", {}).get("full set")
     targets_met = bool(held and held.precision >= 0.97 and held.hit_rate >= 0.60)
+    on_fresh = report[headline_name].get("_points", {}).get("fresh pairs (never tuned on)")
+    fresh_met = bool(on_fresh and on_fresh.precision >= 0.97 and on_fresh.hit_rate >= 0.60)
 
     md_sweep = sweep_table(sweep, every=0.05)
     lines = []
@@ -496,8 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         "pairs": len(pairs),
         "kinds": dict(kinds),
         "sources": dict(sources),
-        "halves": dict(Counter(p.half for p in pairs)),
+        "halves": dict(Counter(p.half for p, m in zip(pairs, main_set) if m)),
         "stored_entries": len(stored),
+        "stored_entries_fresh": len(stored_fresh),
         "min_precision": args.min_precision,
         "verifier_tuning_half": json.loads(tuned_verifier.to_json()),
         "grid": {"thresholds": highs, "low_thresholds": lows, "p_min": cuts},
@@ -507,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         "choices": {k: {kk: vv for kk, vv in v.items() if kk != "_points"} for k, v in report.items()},
         "kfold_pooled": kfold,
         "targets_met": targets_met,
+        "fresh_at_headline": on_fresh.row() if on_fresh else None,
+        "targets_met_on_fresh": fresh_met if fresh_pairs else None,
         "model_load_s": round(load_s, 2),
         "embed_ms_per_text_batched": round(embed_ms, 2),
         "lookup_us_precomputed_embedding": round(lookup_us, 1),
@@ -550,13 +589,16 @@ def main(argv: list[str] | None = None) -> int:
         f"# semantic cache ({args.tag})\n\n- command: `{meta['command']}`\n- machine: {meta['machine']}\n"
         f"- date: {stamp}\n- data: {data_name} ({len(pairs)} pairs: {dict(kinds)}; {dict(sources)}: the "
         "added pairs were written after the guard's word lists were set and test those fresh; the "
-        "words-swapped rule and the lower band were designed after seeing the added pairs fail, so for "
-        "them the added pairs are not unseen); "
-        f"{len(stored)} distinct 'a' prompts stored in one tenant of a real redis-server, every 'b' looked "
-        "up through `SemanticResponseCache.lookup`\n"
+        "words-swapped rule and the lower band were designed after seeing the added pairs fail, and the "
+        "swap rule's frame condition (a swap counts only when the rest of the question is worded the same) "
+        "after seeing every pair of this file, held-out half included: for those, only the fresh pairs "
+        "are unseen); "
+        f"{len(stored)} distinct 'a' prompts stored in one tenant of a real redis-server (the fresh pairs' "
+        f"{len(stored_fresh)} in a tenant of their own), every 'b' looked up in its set's tenant through "
+        "`SemanticResponseCache.lookup`\n"
         "- a hit counts as correct only when it returns the labeled true paraphrase; anything else is wrong\n"
-        f"- halves by SHA-256 of 'a': {dict(Counter(p.half for p in pairs))}; thresholds are chosen on the "
-        "tuning half (max hit rate with precision >= "
+        f"- halves by SHA-256 of 'a' (fresh pairs in neither): {summary['halves']}; thresholds are chosen "
+        "on the tuning half (max hit rate with precision >= "
         f"{args.min_precision}), from a grid of (threshold, low_threshold, p_min); in the lower band "
         "[low_threshold, threshold) the top guard-passing candidates must also be accepted by the "
         "verifier (cache/semantic_verifier.py: logistic regression on cosine, margin over the next "
@@ -566,7 +608,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{lookup_us:.0f} us with a precomputed embedding "
         "(Redis version check + cosine + guard + verifier)\n\n"
         f"Issue targets on the held-out half (precision >= 0.97 with hit rate >= 0.60): "
-        f"{'met' if targets_met else 'NOT met'}.\n\n{headline_line}\n\n"
+        f"{'met' if targets_met else 'NOT met'}."
+        + (
+            f" On the {len(fresh_pairs)} fresh pairs ({args.fresh.name}: written blind to the guard and the "
+            "verifier after their last change, stored in a tenant of their own, never tuned on): "
+            f"{'met' if fresh_met else 'NOT met'}."
+            if fresh_pairs
+            else ""
+        )
+        + f"\n\n{headline_line}\n\n"
         + "\n".join(lines)
         + f"\n\n{FOLDS}-fold estimate (tune on 4/5 by the {headline_name}, measure on 1/5, pooled): "
         f"precision {kfold['precision']}, hit rate {kfold['hit_rate']} ({kfold['hits']} hits); "

@@ -14,6 +14,7 @@ from cache.semantic_cache import (
     QuestionGuard,
     SemanticResponseCache,
     content_words,
+    frame_words,
     minimal_pair,
     normalize_question,
 )
@@ -79,6 +80,10 @@ def test_paraphrase_hits_and_negation_does_not(cache):
         ("How long should I boil an egg for a soft yolk?", "How long should I boil an egg for a hard yolk?"),
         ("What is the daily withdrawal limit?", "What is the weekly withdrawal limit?"),
         ("How do I convert grams of flour to cups?", "How do I convert cups of flour to grams?"),
+        # the same frame less articles and possessives: still one slot of a template changed
+        ("What is the daily withdrawal limit?", "What is my weekly withdrawal limit?"),
+        # a synonym swapped into an unchanged frame looks the same, and is turned down too
+        ("How do I cancel my gym membership online?", "How do I end my gym membership online?"),
     ],
 )
 def test_guard_rejects_reversals_negations_and_other_entities(stored, query):
@@ -103,6 +108,13 @@ def test_guard_rejects_reversals_negations_and_other_entities(stored, query):
         ),
         ("How do I reset my router?", "What's the way to reset my wireless router?"),  # a word added
         ("How do I convert grams to cups?", "What's the conversion from grams to cups?"),  # a word's form
+        # a word swapped, and the rest reworded too: a rewording, left to the embedding
+        ("How do I make an HTTP request in Python?", "How can I send an HTTP request from Python?"),
+        (
+            "How do I pair my phone with the car's Bluetooth?",
+            "How can I connect my phone to my car over Bluetooth?",
+        ),
+        ("How do I cancel my hotel reservation?", "I need to cancel my hotel booking, how do I do it?"),
     ],
 )
 def test_guard_accepts_paraphrases(stored, query):
@@ -130,6 +142,10 @@ def test_normalize_question_and_content_words():
     assert not minimal_pair(("reset", "router"), ("reset", "wireless", "router")), "only added"
     assert not minimal_pair(("egg", "yolk"), ("egg", "white")), "one shared word is not a frame"
     assert not minimal_pair(("a", "b", "c", "d", "e"), ("a", "b", "x", "y", "z")), "reworded, not swapped"
+    assert frame_words("How do I make an HTTP request in Python?") == ("how", "do", "i", "in")
+    assert (
+        frame_words("What is the daily limit?") == frame_words("What is my weekly limit?") == ("what", "is")
+    )
 
 
 def test_queries_are_normalised_before_embedding(cache, embedder):
