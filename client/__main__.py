@@ -183,7 +183,7 @@ def run_cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         client = make_redis_client(args.redis_url, timeout_s=5.0)
         try:
             memory = redis_memory(client)
-        except redis.RedisError as exc:
+        except (redis.RedisError, ValueError) as exc:  # ValueError: UnsupportedRedis
             print(f"error: cannot read {redact_url(args.redis_url)}: {exc}", file=err)
             return 1
         finally:

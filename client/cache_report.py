@@ -131,6 +131,7 @@ class RedisMemory:
     policy: str
     evicted_keys: int
     expired_keys: int
+    topology: str = "standalone"  # RedisTopology.describe()
 
     def describe(self) -> str:
         used = human(self.used_bytes)
@@ -139,12 +140,15 @@ class RedisMemory:
         )  # fmt: skip
         return (
             f"redis: {used} {bound}, policy {self.policy}; {self.evicted_keys} keys evicted, "
-            f"{self.expired_keys} expired"
+            f"{self.expired_keys} expired; {self.topology}"
         )
 
 
 def redis_memory(client) -> RedisMemory:
-    """From INFO; raises redis errors."""
+    """From INFO; raises redis errors, and UnsupportedRedis for a cluster the caches cannot use."""
+    from cache.redis_topology import probe_topology
+
+    topology = probe_topology(client).describe()
     memory, stats = client.info("memory"), client.info("stats")
     return RedisMemory(
         used_bytes=int(memory["used_memory"]),
@@ -152,4 +156,5 @@ def redis_memory(client) -> RedisMemory:
         policy=str(memory.get("maxmemory_policy", "unknown")),
         evicted_keys=int(stats.get("evicted_keys", 0)),
         expired_keys=int(stats.get("expired_keys", 0)),
+        topology=topology,
     )

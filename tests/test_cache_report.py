@@ -102,10 +102,12 @@ def test_with_a_redis_url_the_report_shows_how_full_redis_is(metrics_url, redis_
     assert main(["cache", "--metrics-url", metrics_url, "--redis-url", redis_server], out=out) == 0
     last = out.getvalue().strip().splitlines()[-1]
     assert last.startswith("redis: ") and "policy volatile-lru" in last and "keys evicted" in last
+    assert last.endswith("; standalone")
     out = io.StringIO()
     assert main(["cache", "--metrics-url", metrics_url, "--redis-url", redis_server, "--json"], out=out) == 0
     memory = json.loads(out.getvalue())["redis"]
     assert memory["maxmemory"] > 0 and memory["used_bytes"] > 0  # the launcher's Redis is bounded
+    assert memory["topology"] == "standalone"
     err = io.StringIO()
     assert main(["cache", "--metrics-url", metrics_url, "--redis-url", "redis://127.0.0.1:9/0"], err=err) == 1
     assert "cannot read redis://127.0.0.1:9/0" in err.getvalue()

@@ -17,6 +17,7 @@ from deploy.launch import find_free_port
 from engine.config import EngineConfig
 from engine.loader import load_engine
 from tests.conftest import MODEL_DIR, wait_for
+from tests.test_cache_report import metrics_url  # noqa: F401  (the fixture)
 from tests.test_redis_auth import exercise_every_client, spawn_redis
 
 SLOTS = 16384
@@ -126,3 +127,13 @@ def test_forget_tenant_refuses_a_cluster_of_two_masters(two_masters):
     assert main(["forget-tenant", tenant, "--redis-url", url], out=out, err=err) == 1
     assert "Redis Cluster of 2 masters" in err.getvalue() and "forget-tenant" in err.getvalue()
     assert out.getvalue() == ""
+
+
+def test_the_cache_report_names_the_topology_and_refuses_two_masters(one_master, two_masters, metrics_url):  # noqa: F811
+    out = io.StringIO()
+    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", one_master], out=out) == 0
+    assert out.getvalue().strip().endswith("; cluster, 1 master serving slots (state ok)")
+    out, err = io.StringIO(), io.StringIO()
+    url = f"redis://127.0.0.1:{two_masters}/0"
+    assert main(["cache", "--metrics-url", metrics_url, "--redis-url", url], out=out, err=err) == 1
+    assert "Redis Cluster of 2 masters" in err.getvalue() and out.getvalue() == ""
