@@ -154,7 +154,7 @@ def _parse_header(data: bytes) -> tuple[dict[str, Any], int]:
     header: Any = None
     try:
         header = json.loads(data[_PREFIX.size : start])
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
         pass  # the checksum below names the damage
     payload_len = header.get("payload_bytes") if isinstance(header, dict) else None
     if _is_count(payload_len) and start + payload_len + _DIGEST_SIZE != n:

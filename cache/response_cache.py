@@ -85,6 +85,20 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def load_json_object(raw: bytes) -> dict | None:
+    """A JSON object read from Redis, or None for anything else: bytes that are not UTF-8 or not JSON, a
+    nesting too deep for the parser (RecursionError), or strings that cannot be written back as UTF-8 (a
+    lone surrogate escape such as "\\ud800", on which the checksum's encode would raise into the request)."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        if not isinstance(doc, dict):
+            return None
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except (UnicodeError, ValueError, RecursionError):
+        return None
+    return doc
+
+
 def sha256_hex(*parts: bytes) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -245,11 +259,8 @@ class ExactResponseCache(RedisCacheBase):
 
     def decode_value(self, key: str, raw: bytes) -> str | None:
         """The text, or None when the value is not one we wrote for this key."""
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return None
-        if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION:
+        doc = load_json_object(raw)
+        if doc is None or doc.get("v") != FORMAT_VERSION:
             return None
         text = doc.get("text")
         if not isinstance(text, str) or doc.get("sum") != self._checksum(key, text):

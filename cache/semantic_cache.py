@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import logging
 import os
 import re
@@ -61,6 +60,7 @@ from cache.response_cache import (
     canonical_json,
     is_deterministic,
     is_wrong_type,
+    load_json_object,
     sampling_signature,
     sha256_hex,
     tenant_tag,
@@ -1029,11 +1029,8 @@ class SemanticResponseCache(RedisCacheBase):
     def _validate(self, entry_id: str, tenant: str, emb: bytes | None, raw_doc: bytes | None) -> dict | None:
         if emb is None or raw_doc is None or len(emb) != self.dim * 4:
             return None
-        try:
-            doc = json.loads(raw_doc.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return None
-        if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION or doc.get("tenant") != tenant:
+        doc = load_json_object(raw_doc)
+        if doc is None or doc.get("v") != FORMAT_VERSION or doc.get("tenant") != tenant:
             return None
         fields = (doc.get("prompt"), doc.get("answer"), doc.get("sig"))
         if not all(isinstance(f, str) for f in fields) or not isinstance(doc.get("created"), (int, float)):

@@ -7,6 +7,8 @@ import socket
 import time
 import uuid
 
+import struct
+
 import pytest
 import redis
 import torch
@@ -84,12 +86,15 @@ def _damage(raw, name: str, how: str) -> None:
     value = bytearray(raw.get(name))
     if how == "flip":
         value[len(value) // 2] ^= 0x40
-    else:
+    elif how == "truncate":
         value = value[: len(value) - 7]
+    else:  # a header of 60,000 "[": json.loads raises RecursionError, which must not escape as one
+        header = b"[" * 60000
+        value = bytearray(struct.pack("<4sHI", bytes(value[:4]), 1, len(header)) + header + bytes(16))
     raw.set(name, bytes(value))
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("how", ["flip", "truncate", "nested"])
 def test_damaged_value_is_rejected_deleted_and_counted(store, raw, how):
     (key,) = _keys(1)
     assert store.put(key, _block(2), META)

@@ -99,6 +99,8 @@ def test_tenant_a_never_gets_tenant_b_entry(cache):
         lambda raw: raw.replace(b"hello", b"HELLO"),  # flipped text, stale checksum
         lambda raw: b"\x80\x04\x95 not json",  # a pickle-looking blob
         lambda raw: json.dumps({**json.loads(raw), "v": 99}).encode(),  # unknown format version
+        lambda raw: raw.replace(b"hello there", b"\\ud800"),  # a lone surrogate: UTF-8 cannot encode it
+        lambda raw: b"[" * 60000 + b"]" * 60000,  # nested too deep for the parser
     ],
 )
 def test_corrupted_values_are_rejected_and_deleted(cache, mangle):

@@ -223,12 +223,17 @@ def test_only_same_sampling_signature_and_deterministic_requests(cache):
     assert cache.lookup(PARAPHRASE, "t", excl).output_text(PARAPHRASE, excl) == "x"
 
 
-def test_corrupted_entries_are_rejected_and_deleted(cache):
+@pytest.mark.parametrize("damage", ["truncated vector", "lone surrogate"])
+def test_corrupted_entries_are_rejected_and_deleted(cache, damage):
     cache.store(QUESTION, "t", GREEDY, "good answer")
     cache.store("How do I track my package?", "t", GREEDY, "tracking answer")
     emb_key, doc_key, _, ver_key = cache._keys("t")
     victim = next(k for k, v in cache.client.hgetall(doc_key).items() if b"good answer" in v)
-    cache.client.hset(emb_key, victim, cache.client.hget(emb_key, victim)[:100])  # truncated vector
+    if damage == "truncated vector":
+        cache.client.hset(emb_key, victim, cache.client.hget(emb_key, victim)[:100])
+    else:  # "\ud800" decodes to a str UTF-8 cannot encode: the checksum must not raise on it
+        doc = cache.client.hget(doc_key, victim)
+        cache.client.hset(doc_key, victim, doc.replace(b"good answer", b"\\ud800"))
     cache.client.incr(ver_key)
     assert cache.lookup(PARAPHRASE, "t", GREEDY) is None
     assert cache.snapshot()["corrupt"] == 1
