@@ -96,19 +96,32 @@ for _, id in ipairs(victims) do
   redis.call('HDEL', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
 end
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  local now = redis.call('TIME')
+  redis.call('SET', KEYS[4], now[1] .. string.format('%06d', tonumber(now[2])))
+end
 redis.call('INCR', KEYS[4])
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return evicted
 """
+# A version stamp that went away (an erasure, a TTL, an eviction) starts again from the clock, not from 1:
+# a replica holding the entries it read at stamp N must never see N again for other entries.
 
 _DELETE_SCRIPT = """
-for i = 1, #ARGV do
+for i = 2, #ARGV do
   redis.call('HDEL', KEYS[1], ARGV[i])
   redis.call('HDEL', KEYS[2], ARGV[i])
   redis.call('ZREM', KEYS[3], ARGV[i])
 end
-return redis.call('INCR', KEYS[4])
+local read = redis.call('GET', KEYS[4])
+if not read then return false end
+local stamp = redis.call('INCR', KEYS[4])
+if read == ARGV[1] then return stamp end
+return false
 """
+# ARGV[1]: the stamp the entries were read at. The new stamp is returned only when nothing else moved it
+# since: then the entries less the deleted ones are what Redis holds. Otherwise (another write, or an
+# erasure, after which no stamp is created) nil: the caller re-reads next time.
 
 
 class Embedder(Protocol):
@@ -958,7 +971,9 @@ class SemanticResponseCache(RedisCacheBase):
             return self._read_failed(exc, keys)
         with self._lock:
             cached = self._matrices.get(tenant)
-            if cached is not None and cached.version == version:
+            # a copy read with no stamp in Redis is reused only while it is empty: entries read then
+            # could be erased and the stamp missing again, which would look unchanged
+            if cached is not None and cached.version == version and (version is not None or not cached.ids):
                 self._matrices.move_to_end(tenant)
                 self.breaker.record_success()
                 return cached
@@ -976,10 +991,11 @@ class SemanticResponseCache(RedisCacheBase):
             self._count("incomplete", halves)
             self._count("corrupt", len(bad) - halves)
             try:
-                tm.version = str(int(self._delete_script(keys=keys, args=bad))).encode()
+                stamp = self._delete_script(keys=keys, args=[version or b"", *bad])
+                tm.version = None if stamp is None else str(int(stamp)).encode()  # None: re-read next time
             except self._redis_errors:
                 self._fail()
-                tm.version = None  # re-read next time
+                tm.version = None
         with self._lock:
             self._matrices[tenant] = tm
             self._matrices.move_to_end(tenant)
