@@ -60,9 +60,7 @@ class L3Tier:
             * torch.empty((), dtype=getattr(torch, meta.dtype)).element_size()
         )
         self._writes: WriteBehind[tuple[list[bytes], torch.Tensor, str | None]] = WriteBehind(
-            lambda item: self.store.put_chain(item[0], list(item[1].unbind(0)), self.meta, tenant=item[2]),
-            "l3-writer",
-            backlog,
+            self._write, "l3-writer", backlog
         )
         self.loaded_blocks = 0
         self._lock = threading.Lock()  # _known and loaded_blocks: fetch may run on two threads
@@ -119,6 +117,7 @@ class L3Tier:
             return [], "missing"
         available = self.store.exists_chain(keys) if present is None else leading_run(present)
         self._remember(keys[:available])
+        self._forget(keys[available:])  # not there (lost, evicted, expired, never written): may be written
         if available == 0:
             return [], "missing"
         decision = self.cost.decide(available * self.meta.token_count, available * self.block_bytes)
@@ -150,8 +149,20 @@ class L3Tier:
             return
         if len(fresh) < len(keys):
             keys, blocks = [keys[i] for i in fresh], blocks[fresh]
-        self._writes.submit((keys, blocks.to("cpu", copy=True), tenant))
-        self._remember(keys)
+        self._remember(keys)  # before the write is queued: the writer forgets them if it fails
+        if not self._writes.submit((keys, blocks.to("cpu", copy=True), tenant)):
+            self._forget(keys)
+
+    def _write(self, item: tuple[list[bytes], torch.Tensor, str | None]) -> None:
+        """The writer thread's write; blocks it could not store (Redis down, full, the breaker open) are
+        forgotten, so that the next store of them publishes them again instead of skipping them for hours."""
+        keys, blocks, tenant = item
+        stored = 0
+        try:
+            stored = self.store.put_chain(keys, list(blocks.unbind(0)), self.meta, tenant=tenant)
+        finally:  # a write that raised is counted by the writer, and its blocks forgotten here
+            if stored < len(keys):
+                self._forget(keys)
 
     def unknown(self, keys: list[bytes]) -> list[int]:
         """Positions of the keys Redis is not known to hold (what `publish` would write): not seen
@@ -160,6 +171,11 @@ class L3Tier:
         fresh_after = self.clock() - self.ttl_s / 2
         with self._lock:
             return [i for i, key in enumerate(keys) if self._known.get(key, fresh_after) <= fresh_after]
+
+    def _forget(self, keys: list[bytes]) -> None:
+        with self._lock:
+            for key in keys:
+                self._known.pop(key, None)
 
     def _remember(self, keys: list[bytes]) -> None:
         now = self.clock()

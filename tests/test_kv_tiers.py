@@ -41,7 +41,7 @@ def replica(model, redis_url, namespace, *, cost=None, first_use=True) -> Engine
 def captured_writes(engine) -> list:
     """Everything the engine hands its L3 writer from now on, instead of writing it to Redis."""
     writes: list = []
-    engine.prefix_cache.l3._writes.submit = writes.append
+    engine.prefix_cache.l3._writes.submit = lambda item: writes.append(item) or True  # queued
     return writes
 
 
@@ -305,8 +305,47 @@ def test_l3_writes_the_writer_cannot_keep_up_with_are_dropped_without_waiting_an
         l3.publish([key], blocks)
     assert l3.writes_dropped == 3, "one waits in the backlog of 1, the other three are dropped"
     assert cache_counters(cache, None)[("l3", "writes_dropped")] == 3
+    assert l3.unknown([b"k1", b"k2", b"k3", b"k4"]) == [1, 2, 3], "dropped blocks may be published again"
     release.set()
     l3.close()
+
+
+L3_META = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
+
+
+def test_blocks_whose_write_failed_are_published_again(redis_server, request):  # noqa: F811
+    """A write an outage turned away (here the breaker, open) must not count as "Redis holds it": the
+    replica would skip those blocks for half the TTL (12 h) after Redis came back."""
+    clock = FakeClock()
+    breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=5.0, clock=clock)
+    store = RedisKVStore(redis_server, f"kv-test:{request.node.name}", timeout_s=0.5, breaker=breaker)
+    l3 = L3Tier(store, L3_META)
+    keys, blocks = [b"w0", b"w1"], torch.ones(2, 1, 2, 1, 4, 2)
+    breaker.record_failure()
+    l3.publish(keys, blocks)
+    l3._writes.close()  # waits for the write: turned away by the open breaker
+    assert store.stats.breaker_rejections == 1 and l3.unknown(keys) == [0, 1]
+    clock.now += 100.0  # the breaker's reset period has passed: Redis is asked again
+    l3._writes = type(l3._writes)(l3._write, "l3-writer", 4)
+    l3.publish(keys, blocks)
+    l3.close()
+    assert store.exists_chain(keys) == 2 and l3.republish_skipped == 0
+
+
+def test_blocks_redis_lost_are_written_again(redis_server, request):  # noqa: F811
+    """Seen absent (a restarted or evicting Redis): no longer "known", so the next store writes them."""
+    store = RedisKVStore(redis_server, f"kv-test:{request.node.name}", timeout_s=0.5)
+    l3 = L3Tier(store, L3_META)
+    keys, blocks = [b"l0", b"l1"], torch.ones(2, 1, 2, 1, 4, 2)
+    l3.publish(keys, blocks)
+    l3._writes.close()
+    assert store.exists_chain(keys) == 2
+    store.client.delete(*[store.redis_key(k) for k in keys])
+    assert l3.fetch_with_outcome(keys) == ([], "missing")
+    l3._writes = type(l3._writes)(l3._write, "l3-writer", 4)
+    l3.publish(keys, blocks)
+    l3.close()
+    assert store.exists_chain(keys) == 2 and l3.republish_skipped == 0
 
 
 def test_an_exploration_loads_a_bounded_leading_run_and_measures_it(redis_server, request):  # noqa: F811
