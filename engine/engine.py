@@ -461,7 +461,9 @@ class Engine:
 
     def _suspend(self, state: _Active) -> None:
         """Give the slot up and requeue the request; it resumes from its tokens (first token already sent)."""
-        if self.prefix_cache is not None:  # park what the slot computed so resuming mostly copies blocks
+        # park what the slot computed so resuming mostly copies blocks; never for a request that bypasses
+        # the caches (its resume does not read them either)
+        if self.prefix_cache is not None and state.request.params.uses_kv_tiers:
             self._pending_stores.pop(state.slot, None)  # the prompt's blocks are among these
             self.prefix_cache.store(state.slot, self._computed_tokens(state), state.request.params.tenant)
         state.preemptions += 1

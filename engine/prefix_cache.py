@@ -252,7 +252,13 @@ class PrefixCache:
         if not missing:
             return 0
         blocks = self.runner.read_blocks(slot, missing[-1] + 1, self.block_size)
-        indices = self._allocate(len(missing))
+        # never evict a block of the chain being stored (its head, say): the blocks stored after it would
+        # sit in L1 unreachable, since a lookup stops at the first block it lacks
+        saved, self._protected = self._protected, self._protected | set(keys)
+        try:
+            indices = self._allocate(len(missing))
+        finally:
+            self._protected = saved
         stored = missing[: len(indices)]
         if indices:  # new rows are the evicted ones once the pool is full: often 2-3 runs, a copy each
             copy_rows(self.pool, indices, blocks, stored)
@@ -338,6 +344,9 @@ class PrefixCache:
         """Index the leading `keys` at the rows `indices` just filled, protected until the lookup ends."""
         promoted = keys[: len(indices)]
         for key, index in zip(promoted, indices):
+            old = self.index.get(key)
+            if old is not None and old != index:  # already held (unreachable behind a missing head): one row
+                self.free.append(old)
             self.index[key] = index
             self._protected.add(key)
         return promoted

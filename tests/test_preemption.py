@@ -96,6 +96,20 @@ def test_critical_overtakes_a_running_batch_request_which_resumes_unchanged(mode
         assert engine.stats.prefix_reused_tokens >= 32
 
 
+def test_a_suspended_request_that_bypasses_the_caches_leaves_nothing_in_them(model):  # noqa: F811
+    engine = make_engine(model, prefix_cache=True)
+    batch, critical = RecordingSink(), RecordingSink()
+    params = {"priority": 4, "deadline": FAR, "max_tokens": 30, "cache": "bypass"}
+    engine.submit(request(BATCH_PROMPT, batch, rid="batch", **params))
+    for _ in range(5):
+        engine.step()
+    urgent = {"priority": 1, "deadline": time.time_ns(), "max_tokens": 3, "cache": "bypass"}
+    engine.submit(request([1, 7, 8], critical, rid="crit", **urgent))
+    run_until_idle(engine)
+    assert engine.stats.preemptions == 1 and engine.stats.resumes == 1
+    assert batch.tokens == alone(model, BATCH_PROMPT, max_tokens=30) and not engine.prefix_cache.index
+
+
 def test_no_preemption_when_the_deadline_allows_waiting(model):  # noqa: F811
     engine = make_engine(model)
     batch, standard = RecordingSink(), RecordingSink()

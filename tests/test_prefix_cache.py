@@ -307,6 +307,42 @@ def test_eviction_skips_pinned_blocks_and_never_the_chain_being_stored():
     assert cache.evictions == 3 and cache.pinned <= set(cache.index)
 
 
+def held_pattern(cache: PrefixCache, prompt: list[int], tenant: str = "t") -> list[bool]:
+    return [key in cache.index for key in cache.chain_keys(prompt, tenant)]
+
+
+def rows_accounted(cache: PrefixCache) -> bool:
+    """Every L1 row is either free or indexed, once."""
+    return sorted(list(cache.free) + list(cache.index.values())) == list(range(cache.capacity))
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_a_store_never_evicts_the_head_of_its_own_chain(pin):
+    """With L1 full but for the chain's cached head, a longer prompt's store keeps the head and stores
+    what fits after it; evicting the head would leave the stored blocks unreachable (and, for a template,
+    pinned: unevictable too)."""
+    cache = PrefixCache(TimedRunner(FakeClock(), copy_s=0.0), 3, 4, "fp")
+    prompt = list(range(1, 18))  # four full blocks
+    cache.store(0, prompt[:5], "t")
+    assert cache.lookup(prompt, "t") == [cache.index[cache.chain_keys(prompt, "t")[0]]]
+    assert cache.store(0, prompt, "t", pin=pin) == 2
+    assert held_pattern(cache, prompt) == [True, True, True, False]
+    assert cache.pinned <= set(cache.index) and rows_accounted(cache)
+
+
+def test_l1_rows_are_never_lost_through_the_engine_with_l2(model):  # noqa: F811
+    """Long prompts through a small L1 with L2 behind it, as the review found them leaking rows: a store
+    that evicted its own head left blocks that a later promotion from L2 entered again at new rows."""
+    engine = make_engine(model, capacity=3)
+    cache = engine.prefix_cache
+    cache.l2 = HostBlockPool(8, tuple(cache.pool.shape[1:]), cache.pool.dtype, pin=False)
+    a = [1] + list(range(40, 104))  # 65 tokens: 4 full blocks + 1
+    b = [1] + list(range(150, 182))
+    for prompt in (a[:17], a, b, a, a[:33]):
+        run(engine, prompt)
+        assert rows_accounted(cache), f"free {sorted(cache.free)}, indexed {sorted(cache.index.values())}"
+
+
 class DemotionRecorder:
     """Stands in for L2: records what each `put_many` demotes (keys, their L1 rows, the kept keys)."""
 
