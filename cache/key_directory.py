@@ -96,6 +96,7 @@ class KeyDirectory:
         )
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._keys: set[str] = set()
+        self._adds = 0  # bumped by every add, local or announced (see `discard`)
         self._synced = False
         self._stop = threading.Event()
         self._lock = threading.Lock()  # stats only: set operations are atomic under the GIL
@@ -129,14 +130,25 @@ class KeyDirectory:
             self._count("answered")
         return found
 
+    @property
+    def adds(self) -> int:
+        """A stamp to pass to `discard` when a miss is seen."""
+        return self._adds
+
     def add(self, names: Iterable[str]) -> None:
         """Keys this process just wrote: known at once, before their announcement comes back. Unsynced,
         nothing is kept (nothing is answered; the next scan lists them)."""
         if self._synced:
+            self._adds += 1
             self._keys.update(names)
 
-    def discard(self, name: str) -> None:
-        """A key Redis turned out not to hold (expired, deleted as corrupt)."""
+    def discard(self, name: str, unless_added_since: int | None = None) -> None:
+        """A key Redis turned out not to hold (expired, deleted as corrupt). `unless_added_since`: the
+        `adds` stamp taken before Redis was asked; when anything was added since, the key may be among
+        it (a write landing between the miss and this call) and stays: the directory may answer
+        "present" wrongly (one GET), never "absent"."""
+        if unless_added_since is not None and self._adds != unless_added_since:
+            return
         if name in self._keys:
             self._keys.discard(name)
             self._count("stale")
@@ -199,6 +211,7 @@ class KeyDirectory:
     def _apply(self, data: bytes) -> None:
         if not self._synced:  # past the cap: kept empty until a scan finds fewer keys
             return
+        self._adds += 1
         self._keys.update(data.decode("utf-8", errors="replace").split(ANNOUNCE_SEPARATOR))
         if len(self._keys) > self.max_keys:
             self._overflow()

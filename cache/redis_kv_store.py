@@ -184,6 +184,7 @@ class RedisKVStore:
         if not keys:
             return []
         names = [self.redis_key(k) for k in keys]
+        adds = None if self.directory is None else self.directory.adds  # before the MGET: see below
         start = time.perf_counter()
         values = self._call(lambda: self._mget(names))
         if isinstance(values, _Unavailable):
@@ -195,8 +196,8 @@ class RedisKVStore:
         for name, value in zip(names, values):
             if value is None:
                 missed = True
-                if self.directory is not None:
-                    self.directory.discard(name)
+                if self.directory is not None:  # unless a write may have landed since the MGET
+                    self.directory.discard(name, unless_added_since=adds)
                 break
             try:
                 blocks.append(decode_block(value, meta, device=device))
@@ -222,9 +223,10 @@ class RedisKVStore:
 
     def discard(self, name: str, value: bytes) -> bool:
         """Delete the value at Redis key `name` if it still equals `value`; True when deleted."""
-        if self.directory is not None:
+        deleted = self._call(lambda: self._delete_if_unchanged(keys=[name], args=[value])) == 1
+        if deleted and self.directory is not None:  # spared (rewritten meanwhile): still there
             self.directory.discard(name)
-        return self._call(lambda: self._delete_if_unchanged(keys=[name], args=[value])) == 1
+        return deleted
 
     def exists_chain(self, keys: Sequence[bytes]) -> int:
         """How many leading blocks of `keys` are stored (without loading them); 0 on Redis trouble."""

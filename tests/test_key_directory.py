@@ -125,6 +125,46 @@ def test_a_corrupt_value_is_forgotten_with_its_key(written, raw):
     assert cache.directory.contains(key) is False and raw.get(key) is None
 
 
+@pytest.fixture
+def kv_pair(redis_server, namespace):
+    """A KV store that follows a directory (`reader`), another replica's store (`writer`), one block key."""
+    directory = started(redis_server, namespace)
+    reader = RedisKVStore(redis_server, namespace, timeout_s=0.5, directory=directory)
+    writer = RedisKVStore(redis_server, namespace, timeout_s=0.5)
+    key = hashlib.sha256(uuid.uuid4().bytes).digest()
+    yield reader, writer, key, reader.redis_key(key)
+    reader.close()
+    writer.close()
+
+
+def test_a_damaged_value_another_replica_rewrote_stays_listed(kv_pair, raw):
+    """The delete of a damaged value spares a good one written meanwhile; so must the directory."""
+    reader, writer, key, name = kv_pair
+    raw.set(name, b"damaged value")
+    assert writer.put(key, torch.ones(1, 2, 1, 4, 2), META)
+    assert wait_for(lambda: reader.directory.contains(name) is True, 5)
+    assert reader.discard(name, b"damaged value") is False and raw.exists(name) == 1
+    assert reader.directory.contains(name) is True
+
+
+def test_a_miss_that_races_a_write_does_not_hide_the_key(kv_pair):
+    """A write of the block lands (and is announced) between a reader's MGET that missed it and the
+    reader's discard of the name: the directory must not answer "absent" for it afterwards."""
+    reader, writer, key, name = kv_pair
+    real_mget = reader._mget
+
+    def mget_then_a_write_lands(names):
+        values = real_mget(names)
+        assert writer.put(key, torch.ones(1, 2, 1, 4, 2), META)
+        assert wait_for(lambda: reader.directory.contains(name) is True, 5)
+        return values
+
+    reader._mget = mget_then_a_write_lands
+    assert reader.get(key, META) is None
+    reader._mget = real_mget
+    assert reader.directory.contains(name) is True and reader.exists_chain([key]) == 1
+
+
 def test_past_its_cap_the_directory_stops_answering(redis_server, raw, namespace):
     for i in range(3):
         raw.set(f"{namespace}:{i}", b"x")
