@@ -28,7 +28,7 @@ from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
 from cache.key_directory import KeyDirectory, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
-from cache.response_cache import tenant_tag
+from cache.response_cache import redis_ttl, tenant_tag
 
 T = TypeVar("T")
 DEFAULT_TTL_S = 24 * 3600
@@ -97,11 +97,9 @@ class RedisKVStore:
             from redis.retry import Retry
         except ImportError as exc:  # the engine decides whether to run without L3
             raise ImportError("RedisKVStore needs redis-py (pip install redis hiredis)") from exc
-        if ttl_s <= 0:
-            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         self.namespace = namespace
         self.directory = directory
-        self.ttl_s = int(ttl_s)
+        self.ttl_s = redis_ttl(ttl_s)
         self.compress = compress
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.full = FullGate()

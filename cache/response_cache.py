@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 import threading
 from collections.abc import Sequence
@@ -97,6 +98,14 @@ def load_json_object(raw: bytes) -> dict | None:
     except (UnicodeError, ValueError, RecursionError):
         return None
     return doc
+
+
+def redis_ttl(ttl_s: float) -> int:
+    """Whole seconds for SET ... EX, at least 1: a sub-second TTL truncated to EX 0 is refused by Redis,
+    and every refused write would count against the circuit breaker."""
+    if not ttl_s > 0:
+        raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+    return max(1, math.ceil(ttl_s))
 
 
 def sha256_hex(*parts: bytes) -> str:
@@ -233,7 +242,7 @@ class ExactResponseCache(RedisCacheBase):
         self.directory = directory
         self.fingerprint = fingerprint
         self.namespace = exact_namespace(fingerprint)
-        self.ttl_s = int(ttl_s)
+        self.ttl_s = redis_ttl(ttl_s)
         self.max_text_bytes = max_text_bytes
 
     # -- keys and values -------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from cache.response_cache import (
     is_deterministic,
     is_wrong_type,
     load_json_object,
+    redis_ttl,
     sampling_signature,
     sha256_hex,
     tenant_tag,
@@ -769,7 +770,7 @@ class SemanticResponseCache(RedisCacheBase):
             low_threshold = verifier.low_threshold if verifier is not None else self.threshold
         self.low_threshold = min(float(low_threshold), self.threshold)
         self.max_entries = int(max_entries_per_tenant)
-        self.ttl_s = int(ttl_s)
+        self.ttl_s = redis_ttl(ttl_s)
         self.use_guard = use_guard
         self.dim = dim
         self.guard = QuestionGuard()

@@ -77,6 +77,16 @@ def test_custom_ttl(redis_server, namespace, raw):
     assert 55 <= raw.ttl(store.redis_key(key)) <= 60
 
 
+def test_a_sub_second_ttl_is_a_second_not_ex_0(redis_server, namespace, raw):
+    """EX 0 is refused by Redis: every write would fail and open the breaker, for reads too."""
+    store = RedisKVStore(redis_server, namespace, ttl_s=0.5, timeout_s=0.5)
+    (key,) = _keys(1)
+    assert store.put(key, _block(0), META) and raw.ttl(store.redis_key(key)) == 1
+    assert store.stats.errors == 0
+    with pytest.raises(ValueError, match="positive"):
+        RedisKVStore(redis_server, namespace, ttl_s=0)
+
+
 def test_miss(store):
     assert store.get(_keys(1)[0], META) is None
     assert store.stats.misses == 1 and store.stats.hits == 0

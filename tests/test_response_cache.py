@@ -133,6 +133,13 @@ def test_a_value_of_another_type_under_a_key_is_deleted_as_corrupt_without_openi
     assert cache.get(PROMPT, params) is None and cache.breaker.state is BreakerState.CLOSED
 
 
+def test_a_sub_second_ttl_is_a_second_not_ex_0(redis_server):
+    cache = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", ttl_s=0.5)
+    greedy = EngineRequestParams()
+    assert cache.put(PROMPT, greedy, "hello") and cache.client.ttl(cache.key(PROMPT, greedy)) == 1
+    assert cache.snapshot()["errors"] == 0
+
+
 def test_dead_redis_returns_misses_quickly():
     port = find_free_port()  # nothing listens there
     c = ExactResponseCache(f"redis://localhost:{port}/0", "fp", timeout_s=0.05)
