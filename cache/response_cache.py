@@ -125,9 +125,11 @@ def exact_key(fingerprint: str, prompt_ids: Sequence[int], params: EngineRequest
 
 
 def is_wrong_type(exc: BaseException) -> bool:
-    """Redis refused a command because the key holds another type (WRONGTYPE): a bad value under one
-    key, which is deleted like a corrupt one, not a Redis failure that should open the breaker."""
-    return "WRONGTYPE" in str(exc)
+    """Redis refused a command because the key holds another type (WRONGTYPE) or a counter that is not
+    an integer (INCR): a bad value under one key, which is deleted like a corrupt one, not a Redis
+    failure that should open the breaker."""
+    text = str(exc)
+    return "WRONGTYPE" in text or "not an integer or out of range" in text
 
 
 def tenant_tag(tenant: str) -> str:

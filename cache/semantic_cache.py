@@ -844,7 +844,10 @@ class SemanticResponseCache(RedisCacheBase):
                 ],
             )
         except self._redis_errors as exc:
-            self._write_failed(exc)
+            if is_wrong_type(exc):  # one of the tenant's keys holds a bad value: all four are deleted
+                self._read_failed(exc, self._keys(tenant))
+            else:
+                self._write_failed(exc)
             return False
         self.breaker.record_success()
         self._count("stores")
@@ -1005,8 +1008,9 @@ class SemanticResponseCache(RedisCacheBase):
         return tm
 
     def _read_failed(self, exc: BaseException, keys: list[str]) -> None:
-        """A tenant's keys that hold another type (WRONGTYPE) are bad values under our names: deleted and
-        counted as corrupt, as one entry is; any other error is a Redis failure for the breaker."""
+        """A tenant's keys that hold another type (WRONGTYPE, or a stamp that is not an integer) are bad
+        values under our names: deleted and counted as corrupt, as one entry is, whether a read or a store
+        met them; any other error is a Redis failure for the breaker."""
         if not is_wrong_type(exc):
             self._fail()
             return None

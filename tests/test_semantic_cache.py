@@ -279,6 +279,21 @@ def test_a_tenant_key_of_another_type_is_deleted_without_opening_the_breaker(cac
     assert cache.lookup(PARAPHRASE, "t", GREEDY) is None and cache.breaker.state is BreakerState.CLOSED
 
 
+@pytest.mark.parametrize("bad", ["age", "ver"])
+def test_a_bad_age_or_stamp_key_fails_one_store_is_deleted_and_opens_no_breaker(cache, bad):
+    """The store script meets them (ZADD on a string, INCR on a non-integer): bad values of one tenant,
+    not a Redis failure that would turn every tenant's lookups away."""
+    from cache.circuit_breaker import BreakerState
+
+    _, _, age_key, ver_key = cache._keys("t")
+    cache.client.set(age_key if bad == "age" else ver_key, b"not what the script needs")
+    for _ in range(6):  # more than the breaker's failure threshold
+        cache.store(QUESTION, "t", GREEDY, "an answer")
+    assert cache.snapshot()["errors"] == 0 and cache.breaker.state is BreakerState.CLOSED
+    assert cache.snapshot()["corrupt"] == 1 and cache.snapshot()["stores"] == 5
+    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "an answer"
+
+
 def test_matrix_is_cached_until_the_version_moves(cache):
     cache.store(QUESTION, "t", GREEDY, "a1")
     assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "a1"
