@@ -61,16 +61,18 @@ class TrafficRecorder:
         with self._lock:
             lengths, peak = self._lengths, self._peak
             self._lengths, self._peak = _empty_histograms(), 0
+        unsent = dict(lengths)  # what Redis has not taken yet: a failure keeps only that, never twice
         try:
             for histogram, counts in lengths.items():
                 self.store.add_lengths(counts, histogram)
+                del unsent[histogram]
             if peak:
                 self.store.add_peak(time.time(), peak)
             return True
         except StoreUnavailable as exc:
             self.flush_failures += 1
             with self._lock:
-                for histogram, counts in lengths.items():
+                for histogram, counts in unsent.items():
                     self._lengths[histogram].update(counts)
                 self._peak = max(self._peak, peak)
             self.on_error(str(exc))

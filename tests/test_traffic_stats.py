@@ -61,6 +61,19 @@ def test_recorder_keeps_data_while_redis_is_down_and_ships_it_later(redis_server
     assert store.load_peaks()[0][1] == 3.0
 
 
+def test_a_flush_that_fails_half_way_keeps_only_what_redis_did_not_take(store):
+    """The histograms went in, the peak's write failed: the next flush must not add them a second time."""
+    recorder = TrafficRecorder(store)
+    recorder.observe_request(100, 132)
+    recorder.observe_active(3)
+    store.client.set(store.peaks_key, b"not a hash")  # the peak's write fails (as any Redis error would)
+    assert not recorder.flush()
+    store.client.delete(store.peaks_key)
+    assert recorder.flush()
+    assert store.load_lengths() == {100: 1} and store.load_lengths(RESERVED) == {132: 1}
+    assert store.load_peaks()[0][1] == 3.0
+
+
 def test_model_fingerprint_is_stable_and_depends_on_the_limit(tmp_path):
     from cache.traffic_stats import model_fingerprint
 
