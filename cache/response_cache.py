@@ -314,6 +314,11 @@ class ExactResponseCache(RedisCacheBase):
         self._count("hits")
         return text
 
+    def retract_hit(self) -> None:
+        """The last hit was for a key the caller then found was not its prompt's (a claimed key that failed
+        its check): nothing was served, so it is not counted."""
+        self._count("hits", -1)
+
     def _reject(self, key: str) -> None:
         """A value that is not one we wrote for `key`: a miss, counted as corrupt, and deleted."""
         self._forget(key)

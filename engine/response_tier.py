@@ -117,7 +117,9 @@ class ResponseTier:
         text = self.cache.get(prompt_ids, params, key.value)
         if text is not None and not key.checked:
             key, matched = self._checked(key, prompt_ids, params)
-            text = text if matched else None
+            if not matched:  # another prompt's answer, never served: hit taken back, the prompt's own asked
+                self.cache.retract_hit()
+                text = self.cache.get(prompt_ids, params, key.value)
         if text is None and self.semantic is not None:
             hit = self.semantic.lookup(self._prompt_text(prompt_ids), params.tenant, params)
             text = None if hit is None else hit.answer

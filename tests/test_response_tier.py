@@ -180,6 +180,16 @@ def test_a_forged_key_reads_and_overwrites_no_other_prompts_or_tenants_answer(re
     assert responses.forged_keys == 2 and cache_counters(None, responses)[("exact", "forged_keys")] == 2
 
 
+def test_after_a_forged_key_the_prompts_own_answer_is_served_and_only_it_counts(redis_server):
+    responses, exact = tier(redis_server, first_use=True)
+    victim_params, own = replace(GREEDY, tenant="victim"), replace(GREEDY, tenant="attacker")
+    assert exact.put([7, 7, 7], victim_params, "secret") and exact.put([1, 2], own, "my own answer")
+    found = responses.lookup([1, 2], claiming(own, exact.key([7, 7, 7], victim_params)))
+    responses.close()
+    assert found.tokens == responses.encode("my own answer") and found.key.checked
+    assert (exact.snapshot()["hits"], exact.snapshot()["misses"]) == (1, 0)
+
+
 def test_a_key_of_another_fingerprint_is_not_used_is_counted_and_logged_once(redis_server):
     exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     logged: list[str] = []
