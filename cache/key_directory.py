@@ -28,6 +28,9 @@ from typing import Any
 ANNOUNCE_SEPARATOR = "\n"
 
 
+INDEX_CLOCK_MARGIN_S = 60.0  # an index name is pruned this long after its expiry by the writer's clock
+
+
 def announce_channel(namespace: str) -> str:
     """The channel on which writers of `namespace` announce new keys."""
     return f"{namespace}:announce"
@@ -39,14 +42,18 @@ def write_announced(
     """SET each (name, value) with a TTL and announce the names, in one round trip; whether each SET
     took. Only the SETs decide: a Redis that refuses the announcement (an ACL without channel access)
     still stores, and readers' directories, which cannot subscribe there either, stay unsynced.
-    `index`: a set that also gets the names (and the TTL), for keys whose names do not say whose they are."""
+    `index`: a sorted set that also gets the names, scored by when they expire, for keys whose names do
+    not say whose they are; names expired by then (less `INDEX_CLOCK_MARGIN_S`, for replicas' clocks) are
+    pruned in the same round trip, so an index stays as large as what its owner holds in Redis."""
     pipe = client.pipeline(transaction=False)
     for name, value in values:
         pipe.set(name, value, ex=ttl_s)
     if values:
         pipe.publish(announce_channel(namespace), ANNOUNCE_SEPARATOR.join(name for name, _ in values))
         if index is not None:
-            pipe.sadd(index, *(name for name, _ in values))
+            now = time.time()
+            pipe.zadd(index, {name: now + ttl_s for name, _ in values})
+            pipe.zremrangebyscore(index, "-inf", now - INDEX_CLOCK_MARGIN_S)
             pipe.expire(index, ttl_s)
     replies = pipe.execute(raise_on_error=False)[: len(values)]
     for reply in replies:

@@ -32,7 +32,11 @@ from cache.response_cache import redis_ttl, tenant_tag
 
 T = TypeVar("T")
 DEFAULT_TTL_S = 24 * 3600
-TENANT_INDEX_PREFIX = "llm:kv-tenants:v1"  # outside every block namespace: key directories never list it
+# outside every block namespace: key directories never list it. v2: a sorted set scored by when each name
+# expires, pruned on every write; v1 (a plain set, which kept expired names for as long as the tenant
+# wrote) is still read by forget-tenant
+TENANT_INDEX_PREFIX = "llm:kv-tenants:v2"
+LEGACY_TENANT_INDEX_PREFIX = "llm:kv-tenants:v1"
 # Delete a bad value only if it is still the one we read: a replica may have rewritten it meanwhile.
 _DELETE_IF_UNCHANGED = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
@@ -135,8 +139,9 @@ class RedisKVStore:
         return self.put_chain([key], [tensor], meta) == 1
 
     def tenant_index(self, tenant: str) -> str:
-        """The set of the block names written for `tenant`: a block's name is a hash that does not say
-        whose it is, and forgetting a tenant (`cache/tenant_erasure.py`) must find its blocks."""
+        """The sorted set of the block names written for `tenant`, scored by expiry: a block's name is a
+        hash that does not say whose it is, and forgetting a tenant (`cache/tenant_erasure.py`) must find
+        its blocks."""
         return f"{TENANT_INDEX_PREFIX}:{self.namespace}:{tenant_tag(tenant)}"
 
     def put_chain(

@@ -3,8 +3,9 @@ a policy change): its exact and semantic answers and its KV snapshots, for every
 
 Exact and semantic entries carry the tenant's tag in their key names, so they are found by pattern. A KV
 block's name is a hash chain salted with the tenant, which says nothing about whose it is, so the engine
-notes every block it writes in a per-tenant index set (`RedisKVStore.tenant_index`); the blocks listed
-there are deleted with it. Each index set is first renamed to one of the erasure's own, so that a block
+notes every block it writes in a per-tenant index (`RedisKVStore.tenant_index`: a sorted set scored by
+expiry; indexes written as plain sets before are read too); the blocks listed there are deleted with it.
+Each index is first renamed to one of the erasure's own, so that a block
 written meanwhile starts a fresh index for the next erasure instead of being deleted from a set unread; a
 renamed set that an interrupted erasure left is finished by the next. Blocks written before the index
 existed, or whose index a bounded Redis evicted, go by their TTL (`l3_ttl_s`, 24 h). Answers and blocks
@@ -24,7 +25,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from cache.response_cache import KEY_PREFIX as EXACT_PREFIX
-from cache.redis_kv_store import TENANT_INDEX_PREFIX
+from cache.redis_kv_store import LEGACY_TENANT_INDEX_PREFIX, TENANT_INDEX_PREFIX
 from cache.response_cache import tenant_tag
 from cache.semantic_cache import KEY_PREFIX as SEMANTIC_PREFIX
 
@@ -64,16 +65,26 @@ def erase_tenant(client: Any, tenant: str, dry_run: bool = False) -> Erasure:
     }
     blocks = 0
     tag = tenant_tag(tenant)
-    left = list(_scan(client, f"{TENANT_INDEX_PREFIX}:*:{tag}{TAKEN}*"))  # by an erasure that failed
-    for index in list(_scan(client, f"{TENANT_INDEX_PREFIX}:*:{tag}")) + left:
-        listed = index if dry_run or index in left else _take(client, index)
-        if listed is None:
-            continue
-        blocks += _remove(client, client.sscan_iter(listed, count=SCAN_COUNT), dry_run)
-        if not dry_run:
-            client.unlink(listed)
+    for prefix in (TENANT_INDEX_PREFIX, LEGACY_TENANT_INDEX_PREFIX):
+        left = list(_scan(client, f"{prefix}:*:{tag}{TAKEN}*"))  # by an erasure that failed
+        for index in list(_scan(client, f"{prefix}:*:{tag}")) + left:
+            listed = index if dry_run or index in left else _take(client, index)
+            if listed is None:
+                continue
+            blocks += _remove(client, _members(client, listed), dry_run)
+            if not dry_run:
+                client.unlink(listed)
     found["l3"] = blocks
     return Erasure(tenant, found, dry_run)
+
+
+def _members(client: Any, index: bytes) -> Iterator[bytes]:
+    """The block names an index lists: a sorted set (v2) or a plain set (v1, written before)."""
+    kind = client.type(index)
+    if kind == b"zset":
+        yield from (name for name, _ in client.zscan_iter(index, count=SCAN_COUNT))
+    elif kind == b"set":
+        yield from client.sscan_iter(index, count=SCAN_COUNT)
 
 
 def _take(client: Any, index: bytes) -> bytes | None:

@@ -65,7 +65,7 @@ def test_a_tenants_answers_are_deleted_for_every_model_and_only_its(redis_server
         assert store.get(blocks[a][0], META) is None
         assert store.get(blocks[b][0], META) is not None
     assert erase_tenant(client, a).keys == {"exact": 0, "semantic": 0, "l3": 0}
-    assert not client.exists(kv[0].tenant_index(a)) and client.scard(kv[0].tenant_index(b)) == 3
+    assert not client.exists(kv[0].tenant_index(a)) and client.zcard(kv[0].tenant_index(b)) == 3
     client.close()
 
 
@@ -77,11 +77,11 @@ class _WritesDuringErasure(redis.Redis):
         super().__init__(connection_pool=redis.ConnectionPool.from_url(url))
         self.write = write
 
-    def sscan_iter(self, name, *args, **kwargs):
+    def zscan_iter(self, name, *args, **kwargs):
         if self.write is not None:
             self.write, write = None, self.write
             write(name)
-        yield from super().sscan_iter(name, *args, **kwargs)
+        yield from super().zscan_iter(name, *args, **kwargs)
 
 
 def test_a_block_written_during_an_erasure_stays_listed_for_the_next_one(redis_server, filled):
@@ -98,11 +98,11 @@ def test_a_block_written_during_an_erasure_stays_listed_for_the_next_one(redis_s
     assert erase_tenant(client, a).keys["l3"] == 6
     store = during[0]
     assert store.get(late[0], META) is not None and store.get(blocks[a][0], META) is None
-    assert client.smembers(store.tenant_index(a)) == {store.redis_key(late[0]).encode()}
+    assert client.zrange(store.tenant_index(a), 0, -1) == [store.redis_key(late[0]).encode()]
     assert erase_tenant(client, a).keys["l3"] == 1
     assert store.get(late[0], META) is None
-    left = kv[1].tenant_index(a) + ":erasing:failed"  # an earlier erasure's set, stopped half-way
-    client.sadd(left, kv[1].redis_key(late[0]))
+    left = kv[1].tenant_index(a) + ":erasing:failed"  # an earlier erasure's index, stopped half-way
+    client.zadd(left, {kv[1].redis_key(late[0]): 0})
     kv[1].put_chain(late, [_block(0)], META)
     assert erase_tenant(client, a, dry_run=True).keys["l3"] == 1
     assert erase_tenant(client, a).keys["l3"] == 1
@@ -120,3 +120,38 @@ def test_the_command_reports_what_it_deleted_and_refuses_an_empty_tenant(redis_s
     assert main(["forget-tenant", "", "--redis-url", redis_server], out=out, err=err) == 1
     assert "tenant is empty" in err.getvalue()
     assert main(["forget-tenant", b, "--redis-url", "redis://127.0.0.1:9/0"], out=out, err=err) == 1
+
+
+def test_a_tenants_index_lists_what_redis_still_holds_not_every_block_it_ever_wrote(
+    redis_server, monkeypatch
+):
+    """Names whose blocks expired leave the index on the tenant's next write: an active tenant's index
+    stays as large as what it holds, instead of growing for as long as it writes."""
+    import cache.key_directory as key_directory
+
+    store = RedisKVStore(redis_server, f"test:kv:{uuid.uuid4().hex[:8]}", ttl_s=60, timeout_s=0.5)
+    now = [1_000_000.0]
+    monkeypatch.setattr(key_directory.time, "time", lambda: now[0])
+    old, new = _keys(3, "old"), _keys(2, "new")
+    assert store.put_chain(old, [_block(i) for i in range(3)], META, tenant="t") == 3
+    now[0] += 60 + key_directory.INDEX_CLOCK_MARGIN_S + 1  # the old blocks' TTL (and the margin) went by
+    assert store.put_chain(new, [_block(i) for i in range(2)], META, tenant="t") == 2
+    listed = set(store.client.zrange(store.tenant_index("t"), 0, -1))
+    assert listed == {store.redis_key(k).encode() for k in new}
+    store.close()
+
+
+def test_an_index_written_as_a_plain_set_before_is_still_erased(redis_server):
+    from cache.redis_kv_store import LEGACY_TENANT_INDEX_PREFIX, TENANT_INDEX_PREFIX
+
+    store = RedisKVStore(redis_server, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    tenant = f"legacy-{uuid.uuid4().hex[:6]}"
+    keys = _keys(2, tenant)
+    assert store.put_chain(keys, [_block(0), _block(1)], META) == 2  # no tenant: no index written
+    legacy = store.tenant_index(tenant).replace(TENANT_INDEX_PREFIX, LEGACY_TENANT_INDEX_PREFIX, 1)
+    store.client.sadd(legacy, *[store.redis_key(k) for k in keys])
+    client = redis.Redis.from_url(redis_server)
+    assert erase_tenant(client, tenant).keys["l3"] == 2
+    assert store.get(keys[0], META) is None and not client.exists(legacy)
+    client.close()
+    store.close()
