@@ -124,6 +124,12 @@ class LoadCostModel:
                 self._exploring = False
                 self._last_load_at = self.clock()
 
+    def explored_nothing(self) -> None:
+        """An exploration loaded nothing (the blocks gone, Redis unavailable): the next load measured is
+        an ordinary one, weighed into the mean, not a replacement of it."""
+        with self._lock:
+            self._exploring = False
+
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """A finished prefill of `tokens` prompt tokens (computed, not loaded)."""
         if tokens > 0 and seconds > 0:

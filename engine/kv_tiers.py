@@ -133,6 +133,8 @@ class L3Tier:
             self.loaded_blocks += len(blocks)
         if blocks:
             self.cost.observe_load(len(blocks) * self.block_bytes, time.perf_counter() - started)
+        elif decision == "explore":
+            self.cost.explored_nothing()
         return blocks, "loaded" if len(blocks) == available else "partial"
 
     def publish(self, keys: list[bytes], blocks: torch.Tensor, tenant: str | None = None) -> None:

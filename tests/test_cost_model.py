@@ -146,6 +146,20 @@ def test_a_model_that_recomputes_explores_one_load_a_period_and_recovers():
     assert not never.should_load(2048, 128 * BLOCK_BYTES) and never.decisions["explore"] == 0
 
 
+def test_an_exploration_that_loaded_nothing_leaves_the_next_load_an_ordinary_sample():
+    clock = FakeClock()
+    m = LoadCostModel(explore_every_s=60.0, clock=clock, alpha=0.25)
+    for _ in range(30):
+        m.observe_prefill(2048, 2048 / 20_000)
+        m.observe_load(BLOCK_BYTES * 64, BLOCK_BYTES * 64 / 100e6)
+    clock.now = 60.0
+    assert m.decide(2048, 128 * BLOCK_BYTES) == "explore"
+    m.explored_nothing()  # the blocks were gone by the GET
+    before = m.predict_load_s(BLOCK_BYTES)
+    m.observe_load(BLOCK_BYTES * 128, BLOCK_BYTES * 128 / 2e9)  # a later ordinary load
+    assert m.predict_load_s(BLOCK_BYTES) > 0.5 * before, "weighed into the mean, not replacing it"
+
+
 def test_the_engine_takes_its_exploration_period_from_the_config(redis_server):
     from engine.config import EngineConfig
     from engine.loader import load_engine
