@@ -92,17 +92,19 @@ class L3Tier:
         return self._probes.submit(self.store.exists_each_in_redis, keys)
 
     def wait_probe(self, probe: Future[list[bool] | None]) -> list[bool] | None:
-        """A probe's answer, None when there is none to use: Redis could not be asked, or the probe is
-        still queued behind others (a slow Redis and a burst of arrivals): it is dropped and the caller
-        asks Redis itself, so a request never waits for more than its own round trip. The wait is
-        what the probe added to the request."""
+        """A probe's answer. None when the probe is still queued behind others (a slow Redis and a burst
+        of arrivals): it is dropped and the caller asks Redis itself, so a request never waits for more
+        than its own round trip. A probe that failed (Redis could not be asked, already a breaker
+        failure) is a missing chain, [], not a second round trip that could time out again on the
+        request's path. The wait is what the probe added to the request."""
         started = time.perf_counter()
         try:
             if probe.cancel():
                 return None
-            return probe.result()
+            answer = probe.result()
+            return [] if answer is None else answer
         except Exception:  # a failed probe is a missing chain: the request recomputes
-            return None
+            return []
         finally:
             self.probe_wait_seconds += time.perf_counter() - started
 

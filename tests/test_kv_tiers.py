@@ -22,6 +22,7 @@ from tests.test_engine_batching import request as request_of
 from tests.test_prefix_cache import FakeClock, TimedRunner
 
 PROMPT = [1] + list(range(60, 108))  # three full blocks of 16, plus one token
+L3_META = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
 
 
 def replica(model, redis_url, namespace, *, cost=None, first_use=True) -> Engine:  # noqa: F811
@@ -290,6 +291,19 @@ def test_a_probe_still_queued_behind_a_slow_one_is_dropped_not_waited_for():
         l3.close()
 
 
+def test_a_failed_probe_is_a_missing_chain_not_a_second_round_trip():
+    store = RedisKVStore(f"redis://127.0.0.1:{find_free_port()}/0", "kv-test:dead", timeout_s=0.2)
+    l3 = L3Tier(store, L3_META)
+    keys = [b"p0", b"p1"]
+    try:
+        present = l3.wait_probe(l3.probe(keys))
+        assert present == [] and store.stats.errors == 1
+        assert l3.fetch_with_outcome(keys, present) == ([], "missing")
+        assert store.stats.errors == 1, "Redis was not asked again on the request's path"
+    finally:
+        l3.close()
+
+
 def test_l3_writes_the_writer_cannot_keep_up_with_are_dropped_without_waiting_and_counted(redis_server):
     store = RedisKVStore(redis_server, "kv-test:dropped-writes", timeout_s=0.2, breaker=CircuitBreaker())
     l3 = L3Tier(store, KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT), backlog=1)
@@ -308,9 +322,6 @@ def test_l3_writes_the_writer_cannot_keep_up_with_are_dropped_without_waiting_an
     assert l3.unknown([b"k1", b"k2", b"k3", b"k4"]) == [1, 2, 3], "dropped blocks may be published again"
     release.set()
     l3.close()
-
-
-L3_META = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
 
 
 def test_blocks_whose_write_failed_are_published_again(redis_server, request):  # noqa: F811
