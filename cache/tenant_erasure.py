@@ -34,13 +34,19 @@ DELETE_BATCH = 500
 TAKEN = ":erasing:"  # an index set an erasure took over: `<index>:erasing:<id>`, same TTL
 
 
-def tenant_patterns(tenant: str) -> dict[str, str]:
-    """SCAN patterns of the tenant's entries per cache, for every model fingerprint."""
+# Entries of earlier key formats are never read again and expire by their TTL, but hold the tenant's
+# answers until then: an erasure deletes them too.
+LEGACY_PATTERNS = {"exact": "llm:resp:exact:v1:*:{tag}:*", "semantic": "llm:resp:sem:v1:*:{tag}:*"}
+
+
+def tenant_patterns(tenant: str) -> dict[str, tuple[str, ...]]:
+    """SCAN patterns of the tenant's entries per cache, for every model fingerprint and key format."""
     tag = tenant_tag(tenant)
-    return {
+    current = {
         "exact": f"{EXACT_PREFIX}:*:{tag}:*",
         "semantic": f"{SEMANTIC_PREFIX}:{{*:{tag}}}:*",  # the braces are the keys' hash tag, literal here
     }
+    return {cache: (pattern, LEGACY_PATTERNS[cache].format(tag=tag)) for cache, pattern in current.items()}
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,8 @@ def erase_tenant(client: Any, tenant: str, dry_run: bool = False) -> Erasure:
     if not tenant:
         raise ValueError("tenant is empty: name the tenant whose cached data to delete")
     found = {
-        cache: _remove(client, _scan(client, pattern), dry_run)
-        for cache, pattern in tenant_patterns(tenant).items()
+        cache: sum(_remove(client, _scan(client, pattern), dry_run) for pattern in patterns)
+        for cache, patterns in tenant_patterns(tenant).items()
     }
     blocks = 0
     tag = tenant_tag(tenant)

@@ -155,3 +155,18 @@ def test_an_index_written_as_a_plain_set_before_is_still_erased(redis_server):
     assert store.get(keys[0], META) is None and not client.exists(legacy)
     client.close()
     store.close()
+
+
+def test_entries_of_the_earlier_key_formats_are_erased_too(redis_server):
+    """v1 exact and semantic entries are never read again but hold the tenant's answers until their TTL."""
+    from cache.response_cache import tenant_tag
+
+    client = redis.Redis.from_url(redis_server)
+    tenant, other = f"old-{uuid.uuid4().hex[:6]}", f"keep-{uuid.uuid4().hex[:6]}"
+    mine = [f"llm:resp:exact:v1:fp:{tenant_tag(tenant)}:abc", f"llm:resp:sem:v1:fp:{tenant_tag(tenant)}:doc"]
+    theirs = f"llm:resp:exact:v1:fp:{tenant_tag(other)}:abc"
+    for key in [*mine, theirs]:
+        client.set(key, b"an old answer", ex=600)
+    assert erase_tenant(client, tenant).keys == {"exact": 1, "semantic": 1, "l3": 0}
+    assert not client.exists(*mine) and client.exists(theirs)
+    client.close()
