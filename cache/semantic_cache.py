@@ -1024,9 +1024,10 @@ class SemanticResponseCache(RedisCacheBase):
 
     def _build_matrix(
         self, tenant: str, version: bytes | None, embs: dict, docs: dict
-    ) -> tuple[_TenantMatrix, list[str], int]:
-        """The tenant's entries, the ids of those to delete, and how many of these had lost one of their
-        two values (the embedding or the document: a bounded Redis evicts keys, not entries)."""
+    ) -> tuple[_TenantMatrix, list[bytes | str], int]:
+        """The tenant's entries, the ids of those to delete (as Redis names them: a field name that is not
+        UTF-8 is deleted by its bytes), and how many of these had lost one of their two values (the
+        embedding or the document: a bounded Redis evicts keys, not entries)."""
         ids, prompts, answers, sigs, created, rows, bad = [], [], [], [], [], [], []
         halves = 0
         for raw_id in set(embs) | set(docs):
@@ -1034,7 +1035,7 @@ class SemanticResponseCache(RedisCacheBase):
             emb, raw_doc = embs.get(raw_id), docs.get(raw_id)
             record = self._validate(entry_id, tenant, emb, raw_doc)
             if record is None:
-                bad.append(entry_id)
+                bad.append(raw_id)
                 halves += (emb is None) != (raw_doc is None)
                 continue
             ids.append(entry_id)

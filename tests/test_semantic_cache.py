@@ -223,7 +223,7 @@ def test_only_same_sampling_signature_and_deterministic_requests(cache):
     assert cache.lookup(PARAPHRASE, "t", excl).output_text(PARAPHRASE, excl) == "x"
 
 
-@pytest.mark.parametrize("damage", ["truncated vector", "lone surrogate"])
+@pytest.mark.parametrize("damage", ["truncated vector", "lone surrogate", "field name not utf-8"])
 def test_corrupted_entries_are_rejected_and_deleted(cache, damage):
     cache.store(QUESTION, "t", GREEDY, "good answer")
     cache.store("How do I track my package?", "t", GREEDY, "tracking answer")
@@ -231,9 +231,15 @@ def test_corrupted_entries_are_rejected_and_deleted(cache, damage):
     victim = next(k for k, v in cache.client.hgetall(doc_key).items() if b"good answer" in v)
     if damage == "truncated vector":
         cache.client.hset(emb_key, victim, cache.client.hget(emb_key, victim)[:100])
-    else:  # "\ud800" decodes to a str UTF-8 cannot encode: the checksum must not raise on it
+    elif damage == "lone surrogate":  # "\ud800" decodes to a str UTF-8 cannot encode: must not raise
         doc = cache.client.hget(doc_key, victim)
         cache.client.hset(doc_key, victim, doc.replace(b"good answer", b"\\ud800"))
+    else:  # both halves moved to a name that is not UTF-8: deleted by those bytes, not a replaced text
+        for key in (emb_key, doc_key):
+            value = cache.client.hget(key, victim)
+            cache.client.hdel(key, victim)
+            cache.client.hset(key, b"\xff\xfe" + victim, value)
+        victim = b"\xff\xfe" + victim
     cache.client.incr(ver_key)
     assert cache.lookup(PARAPHRASE, "t", GREEDY) is None
     assert cache.snapshot()["corrupt"] == 1
