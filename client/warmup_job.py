@@ -106,11 +106,17 @@ def _parse_line(text: str, tenant_field: str) -> LogRecord | str:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         return f"not valid JSON: {exc.msg} (column {exc.colno})"
+    except RecursionError:
+        return "not valid JSON: nested too deep"
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}"
     prompt = obj.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         return f"'prompt' must be a non-empty string, got {prompt!r:.40}"
+    try:  # half of an emoji's surrogate pair, as a logger cutting text in UTF-16 units writes it
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        return "'prompt' is not valid UTF-8 (a lone surrogate escape)"
     tenant = obj.get(tenant_field)
     if tenant is None or tenant == "":
         tenant = DEFAULT_TENANT
@@ -364,7 +370,9 @@ def _edge_cases(
                                 clusters.get(longest.key), "longest_seen"))  # fmt: skip
     target = max(1, int(config.max_prompt_tokens * config.near_limit_fraction))
     source, chars = [], 0
-    for s in stats:  # the most frequent prompts' text, enough of it: not the whole log's, joined
+    for s in stats:  # the busiest tenant's most frequent prompts, enough text: never another tenant's
+        if s.tenant != busiest:
+            continue
         if chars > NEAR_LIMIT_CHARS_PER_TOKEN * target:
             break
         source.append(s.text.strip())
@@ -387,6 +395,7 @@ class Selection:
     capped: int  # log-derived items left out by `max_items`
     too_long: int  # distinct log prompts over `max_prompt_tokens`, which the server would reject
     clustered: int  # distinct prompts embedded and clustered (at most `max_embedded`)
+    clusterable: int  # distinct prompt texts (any tenant) within the limit: `clustered` of them were
 
 
 def select_warmup_set(
@@ -441,7 +450,8 @@ def select_from_counts(
         extra += _edge_cases(stats, clusters, config, count_tokens)
     for item in (*top, *picks, *extra):
         chosen.setdefault(_item_key(item), item)
-    return Selection(list(chosen.values()), capped, len(counted) - len(stats), len(embedded))
+    distinct = len(dict.fromkeys(s.key for s in stats))
+    return Selection(list(chosen.values()), capped, len(counted) - len(stats), len(embedded), distinct)
 
 
 # ------------------------------------------------------------------------------------------------- sending
@@ -622,7 +632,7 @@ def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | N
               "(the least frequent top items first)", file=err)  # fmt: skip
     clustered = (
         ""
-        if selection.clustered >= len(log.stats)
+        if selection.clustered >= selection.clusterable
         else f", the {selection.clustered} most frequent clustered"
     )
     print(f"{log.records} records, {len(log.stats)} distinct prompts{clustered}; "

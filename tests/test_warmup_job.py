@@ -137,6 +137,18 @@ def test_edge_cases() -> None:
     assert edges["near_limit"].tenant == "acme"  # synthetic cases go to the busiest tenant
 
 
+def test_the_near_limit_prompt_holds_only_its_tenants_text() -> None:
+    """Sent as the busiest tenant, it is built from that tenant's prompts only: another tenant's text
+    would be cached under the busiest tenant's keys, beyond the reach of forget-tenant."""
+    records = [wj.LogRecord("Acme question about refunds", "acme")] * 10 + [
+        wj.LogRecord("GLOBEX-CONFIDENTIAL refund memo draft", "globex")
+    ] * 3
+    config = wj.SelectionConfig(clusters=1, edge_cases=True, max_prompt_tokens=200)
+    near = next(i for i in wj.select_warmup_set(records, [], embed=topic_embed, config=config)
+                if i.detail == "near_limit")  # fmt: skip
+    assert near.tenant == "acme" and "Acme question" in near.prompt and "GLOBEX" not in near.prompt
+
+
 def test_prompts_over_the_limit_are_left_out() -> None:
     over = wj.LogRecord("Refund " + "x" * 600, "acme")
     records = [over] * 50 + fixed_log()
@@ -157,18 +169,21 @@ def test_malformed_lines_are_skipped_and_counted() -> None:
         '{"prompt": "ok", "tenant": "bad tenant!"}',
         '{"prompt": "Shipping to Berlin?"}',
         '{"prompt": "Shipping to Berlin?", "org": "globex"',
+        '{"prompt": "My parcel \\ud83d", "tenant": "acme"}',  # half an emoji: a logger cut UTF-16 text
+        "[" * 100_000,  # nested too deep for the parser: RecursionError, not a JSON error
     ]
     log = wj.parse_query_log(lines)
     assert [(p.text, p.tenant, p.frequency) for p in log.stats] == [
         ("Refund for order 1?", "acme", 1), ("Shipping to Berlin?", "default", 1),
     ]  # fmt: skip
     assert log.records == 2
-    assert [m.line_no for m in log.malformed] == [2, 4, 5, 6, 7, 9]
-    assert log.total_lines == 8
+    assert [m.line_no for m in log.malformed] == [2, 4, 5, 6, 7, 9, 10, 11]
+    assert log.total_lines == 10
     assert "not valid JSON" in log.malformed[0].reason and "JSON object" in log.malformed[1].reason
     assert "tenant" in log.malformed[4].reason
+    assert "UTF-8" in log.malformed[6].reason and "nested too deep" in log.malformed[7].reason
     text = "\n".join(log.describe_malformed("q.jsonl", shown=2))
-    assert "q.jsonl:2: skipped" in text and "and 4 more" in text and "skipped 6 malformed of 8" in text
+    assert "q.jsonl:2: skipped" in text and "and 6 more" in text and "skipped 8 malformed of 10" in text
     assert [p.tenant for p in wj.parse_query_log(lines[7:8], tenant_field="org").stats] == ["default"]
 
 
@@ -208,6 +223,22 @@ def test_dry_run_sends_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert wj.run_job(options, out, err, embed=topic_embed) == 0
     assert "dry run: nothing sent" in out.getvalue() and "Refund for order 1?" in out.getvalue()
     assert "skipped 1 malformed" in err.getvalue()
+
+
+def test_the_summary_names_a_clustering_cap_only_when_one_was_hit(tmp_path: Path) -> None:
+    """One prompt logged by two tenants is one text to cluster: every text clustered, no cap to name."""
+    records = [wj.LogRecord(f"Where is my refund {i}?", t) for i in range(4) for t in ("acme", "globex")]
+    options = wj.JobOptions(
+        log=_write_log(tmp_path / "q.jsonl", records), templates=None, dry_run=True,
+        selection=wj.SelectionConfig(clusters=2), send=wj.SendConfig(url="localhost:1", progress=False),
+    )  # fmt: skip
+    out = io.StringIO()
+    assert wj.run_job(options, out, io.StringIO(), embed=topic_embed) == 0
+    assert "8 distinct prompts; selected" in out.getvalue()
+    capped = dataclasses.replace(options, selection=wj.SelectionConfig(clusters=2, max_embedded=2))
+    out = io.StringIO()
+    assert wj.run_job(capped, out, io.StringIO(), embed=topic_embed) == 0
+    assert "8 distinct prompts, the 2 most frequent clustered" in out.getvalue()
 
 
 def test_cli_dry_run_on_the_shipped_log(
