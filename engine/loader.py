@@ -39,7 +39,9 @@ from engine.warmup import StageTiming, WarmupReport, run_warmup, shape_order
 from scheduler.admission import AdmissionController
 from scheduler.kv_pools import KVPoolPlan, plan_kv_pools, single_pool
 from scheduler.preemption import PreemptionPolicy
+from scheduler.errors import RequestError
 from scheduler.tiers import TierTable
+from scheduler.validation import validate_tenant
 from scheduler.warmup_planner import BucketPlan, plan_buckets, predict_reserve
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -248,12 +250,15 @@ def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], st
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         prefixes = []
         for entry in data.get("templates", []):
-            text, tenant = entry["text"], str(entry.get("tenant", "default"))
+            text = entry["text"]
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"template {entry!r} has no text")
+            # as a request's: an empty tenant is "default", a bad name refused; a template warmed under
+            # a name no request uses would hold pinned rows and never hit
+            tenant = validate_tenant(entry.get("tenant"))
             prefixes.append((tokenizer.encode(text).ids, tenant))
         return prefixes, []
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError, RequestError) as exc:
         return [], [{"stage": "prefix_templates", "error": f"{path}: {type(exc).__name__}: {exc}"}]
 
 

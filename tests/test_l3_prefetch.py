@@ -196,3 +196,20 @@ def test_a_prefetch_bug_is_a_warmup_failure_not_a_load_failure(model, redis_serv
     assert report.l3_prefetch["given_up"] == 2 and report.prefill_loaded == 2
     assert l3.loaded_blocks == 6, "the lookup path loaded the templates from L3 itself"
     l3.close()
+
+
+def test_a_templates_tenant_is_read_as_a_requests_is(tmp_path):
+    """An empty tenant is "default", as for a request; a name no request could use is a warmup failure,
+    not a template pinned under a salt that never hits."""
+    from engine.loader import load_templates
+    from tests.conftest import MODEL_DIR
+
+    path = tmp_path / "templates.yaml"
+    path.write_text("templates:\n  - tenant:\n    text: 'You are the support assistant. Question'\n"
+                    "  - tenant: ''\n    text: 'Summarize the following document. Document'\n"
+                    "  - text: 'Translate into French. Text'\n", encoding="utf-8")  # fmt: skip
+    prefixes, failures = load_templates(str(path), MODEL_DIR)
+    assert [tenant for _, tenant in prefixes] == ["default"] * 3 and failures == []
+    path.write_text("templates:\n  - tenant: 'bad tenant!'\n    text: 'A question'\n", encoding="utf-8")
+    prefixes, failures = load_templates(str(path), MODEL_DIR)
+    assert prefixes == [] and "invalid tenant" in failures[0]["error"]
