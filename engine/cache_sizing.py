@@ -86,11 +86,16 @@ def plan_tiers(
     free. `on_device`: L1 lives in device memory (else in host memory, beside L2). None: not known,
     not checked."""
     l1, l2 = request.blocks(block_bytes)
-    if request.l1_memory and l1 == 0:
-        raise ValueError(
-            f"prefix_cache_memory={human(request.l1_memory)} holds no block of {human(block_bytes)}; "
-            "raise it, or set prefix_cache_blocks=0 to turn the prefix cache off"
-        )
+    for name, memory, blocks in (("prefix_cache_memory", request.l1_memory, l1),
+                                 ("l2_cache_memory", request.l2_memory, l2)):  # fmt: skip
+        if memory and blocks == 0:
+            raise ValueError(
+                f"{name}={human(memory)} holds no block of {human(block_bytes)}; raise it, or unset it "
+                f"and set {name.replace('_memory', '_blocks')}=0 "
+                "to turn that tier off"
+            )
+    if l1 == 0:  # no prefix cache: L2, which holds what L1 evicts, is never allocated either
+        l2 = 0
     sizes = TierSizes(l1, l2, block_bytes)
     l1_bytes = l1 * block_bytes
     if l1 and on_device and device_free is not None:

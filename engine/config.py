@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -16,7 +18,7 @@ def expand_env(value: str) -> str:
     match = _ENV_REF.match(value.strip())
     if not match:
         return value
-    return os.environ.get(match["name"], match["default"] or "")
+    return os.environ.get(match["name"]) or (match["default"] or "")  # `:-`: unset or empty, as in a shell
 
 
 def parse_bool(key: str, value: str) -> bool:
@@ -103,6 +105,10 @@ class EngineConfig:
         for key, raw in params.items():
             value = expand_env(raw)
             if key not in known:
+                if not key.isupper():  # upper case: the Python backend's own (EXECUTION_ENV_PATH, ...)
+                    near = difflib.get_close_matches(key, known, n=1)
+                    hint = f"; did you mean {near[0]!r}?" if near else ""
+                    raise ValueError(f"unknown parameter {key!r} in the engine's config.pbtxt{hint}")
                 extra[key] = value
                 continue
             default = getattr(cls, key, None)
@@ -133,6 +139,14 @@ class EngineConfig:
             raise ValueError("prefix_cache_blocks and l2_cache_blocks must be >= 0 (0: that tier is off)")
         if self.l3_explore_s < 0:
             raise ValueError(f"l3_explore_s must be >= 0 (0: never explore), got {self.l3_explore_s}")
+        if self.prefix_block_size < 1:
+            raise ValueError(f"prefix_block_size must be >= 1 token, got {self.prefix_block_size}")
+        if not 0.0 < self.semantic_threshold <= 1.0:
+            raise ValueError(f"semantic_threshold is a cosine in (0, 1], got {self.semantic_threshold}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"parameter {f.name}={value!r} must be a finite number >= 0")
         self.cache_request()
 
     def cache_request(self) -> CacheRequest:

@@ -67,9 +67,19 @@ def test_on_the_cpu_l1_is_host_memory_too():
 
 
 def test_a_memory_size_smaller_than_one_block_is_an_error_not_a_silent_off():
-    with pytest.raises(ValueError, match="holds no block"):
+    with pytest.raises(
+        ValueError, match="prefix_cache_memory=.*holds no block.*unset it and set prefix_cache_blocks=0"
+    ):
         plan_tiers(CacheRequest(256, 0, l1_memory=BLOCK // 2), BLOCK, True, None, None)
+    with pytest.raises(ValueError, match="l2_cache_memory=.*holds no block.*l2_cache_blocks=0"):
+        plan_tiers(CacheRequest(256, 1024, l2_memory=8), BLOCK, True, None, None)  # "8" meant as 8 GiB
     assert plan_tiers(CacheRequest(0, 0), BLOCK, True, 0, 0).l1_blocks == 0  # blocks 0: off, as before
+
+
+def test_without_a_prefix_cache_l2_is_neither_sized_nor_checked():
+    """L2 holds what L1 evicts: with L1 off it is never allocated, so no host check may refuse it."""
+    sizes = plan_tiers(CacheRequest(0, 0, l2_memory=64 * GIB), BLOCK, True, None, host_available=GIB)
+    assert (sizes.l1_blocks, sizes.l2_blocks) == (0, 0)
 
 
 def _fake_host(tmp_path: Path, available_kib: int, cgroup: dict[str, str]) -> tuple[Path, Path]:
@@ -113,6 +123,35 @@ def test_the_config_rejects_a_malformed_size_and_negative_counts(tmp_path):
     with pytest.raises(ValueError, match="l3_explore_s must be >= 0"):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_explore_s": "-1"})
     assert EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_explore_s": "0"}).l3_explore_s == 0
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("l2_cache_memroy", "8GiB", "unknown parameter 'l2_cache_memroy'.*did you mean 'l2_cache_memory'"),
+        ("prefix_block_size", "0", "prefix_block_size must be >= 1"),
+        ("semantic_threshold", "80", r"semantic_threshold is a cosine in \(0, 1\]"),
+        ("l3_explore_s", "nan", "l3_explore_s=nan must be a finite number"),
+        ("prefill_budget_s", "-0.5", "prefill_budget_s=-0.5 must be a finite number >= 0"),
+    ],
+)
+def test_the_config_rejects_a_misspelled_or_out_of_range_parameter(tmp_path, key, value, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_parameters({"model_dir": str(tmp_path), key: value})
+
+
+def test_the_python_backends_own_parameters_pass(tmp_path):
+    config = EngineConfig.from_parameters({"model_dir": str(tmp_path), "EXECUTION_ENV_PATH": "/env.tar.gz"})
+    assert config.extra == {"EXECUTION_ENV_PATH": "/env.tar.gz"}
+
+
+def test_an_env_reference_to_an_empty_variable_takes_its_default(tmp_path, monkeypatch):
+    """`${VAR:-default}` means unset or empty, as in a shell or a compose file."""
+    monkeypatch.setenv("LLM_WARMUP", "")
+    params = {"model_dir": str(tmp_path), "warmup": "${LLM_WARMUP:-false}"}
+    assert EngineConfig.from_parameters(params).warmup is False
+    monkeypatch.setenv("LLM_WARMUP", "true")
+    assert EngineConfig.from_parameters(params).warmup is True
 
 
 def _load(**overrides):
