@@ -14,7 +14,9 @@ from client.metrics import metric_total
 from engine.cache_sizing import human
 
 TIERS = ("l1", "l2", "l3", "exact", "semantic")
-UNITS = {"l1": "blocks", "l2": "blocks", "l3": "blocks", "exact": "requests", "semantic": "requests"}
+UNITS = {"l1": "blocks", "l2": "blocks", "l3": "chains", "exact": "requests", "semantic": "requests"}
+# L3 over the chains it was asked for: served (all or part) or not (Redis lacked it, or recomputing won)
+L3_SERVED, L3_NOT_SERVED = ("chains_loaded", "chains_partial"), ("chains_missing", "chains_recompute")
 HIT_COUNTER = {"l1": "hit_blocks", "l2": "hit_blocks"}  # others: "hits"
 BAD_COUNTERS = ("corrupt", "checksum_failures", "incompatible", "incomplete")
 DECISIONS = ("load", "recompute", "explore")  # the L3 cost model's, per chain Redis held
@@ -48,6 +50,14 @@ class TierRow:
         return None if not self.capacity or self.held is None else self.held / self.capacity
 
 
+def hits(tier: str, counter) -> float:
+    return sum(map(counter, L3_SERVED)) if tier == "l3" else counter(HIT_COUNTER.get(tier, "hits"))
+
+
+def misses(tier: str, counter) -> float:
+    return sum(map(counter, L3_NOT_SERVED)) if tier == "l3" else counter("misses")
+
+
 def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
     """One row per tier the engine reports (a tier it does not run has no samples)."""
     rows = []
@@ -67,8 +77,8 @@ def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
             TierRow(
                 tier=tier,
                 unit=UNITS[tier],
-                hits=counter(HIT_COUNTER.get(tier, "hits")),
-                misses=None if kv else counter("misses"),
+                hits=hits(tier, counter),
+                misses=None if kv else misses(tier, counter),
                 held=gauge("blocks"),
                 capacity=gauge("capacity_blocks"),
                 evictions=counter("evictions"),

@@ -87,6 +87,8 @@ def cache_counters(
             out.update(directory_counters("l3", prefix.l3.store.directory))
             for decision, count in prefix.l3.cost.decisions.items():
                 out[("l3", f"decision_{decision}")] = count
+            for outcome, count in prefix.l3.outcomes.items():
+                out[("l3", f"chains_{outcome}")] = count
     if responses is not None:
         for name, value in responses.cache.snapshot().items():
             out[("exact", name)] = value

@@ -34,6 +34,7 @@ LAYOUT = "L2HBD-v1"  # [layers, 2 (k/v), kv_heads, block tokens, head_dim]
 # enough bytes to measure Redis (8 MB for the 1B model), few enough that the one request a period that
 # explores stays within a few ms of its recompute
 EXPLORE_BLOCKS = 16
+OUTCOMES = ("loaded", "partial", "missing", "recompute")
 
 
 class L3Tier:
@@ -63,6 +64,7 @@ class L3Tier:
             self._write, "l3-writer", backlog
         )
         self.loaded_blocks = 0
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)  # chains asked, by what fetch_with_outcome answered
         self._lock = threading.Lock()  # _known and loaded_blocks: fetch may run on two threads
         self._probes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l3-probe")
         self.probe_wait_seconds = 0.0  # engine thread only
@@ -114,7 +116,15 @@ class L3Tier:
         """`fetch`, and why it returned what it did: "missing" (Redis holds no leading block, or could
         not be asked), "recompute" (the cost model chose to recompute), "loaded" (every block Redis
         held), "partial" (some of them were corrupt, incompatible or gone by the GET). `present`: what
-        a `probe` already learned about `keys`, so the round trip is not made again here."""
+        a `probe` already learned about `keys`, so the round trip is not made again here. Each chain
+        asked is counted by outcome (`outcomes`): L3's hit rate is over chains, served or not."""
+        blocks, outcome = self._fetch(keys, present)
+        if keys:
+            with self._lock:
+                self.outcomes[outcome] += 1
+        return blocks, outcome
+
+    def _fetch(self, keys: list[bytes], present: Sequence[bool] | None) -> tuple[list[torch.Tensor], str]:
         if not keys:
             return [], "missing"
         available = self.store.exists_chain(keys) if present is None else leading_run(present)

@@ -17,7 +17,9 @@ SAMPLES = [  # (family, tier, counter or gauge, value) as the engine exports the
     ("total", "l1", "hit_blocks", 30), ("total", "l1", "evictions", 12),
     ("total", "l1", "seconds_saved", 0.25),
     ("state", "l1", "blocks", 64), ("state", "l1", "capacity_blocks", 256),
-    ("total", "l3", "hits", 5), ("total", "l3", "misses", 15), ("total", "l3", "checksum_failures", 2),
+    ("total", "l3", "hits", 40), ("total", "l3", "misses", 1), ("total", "l3", "checksum_failures", 2),
+    ("total", "l3", "chains_loaded", 4), ("total", "l3", "chains_partial", 1),
+    ("total", "l3", "chains_missing", 6), ("total", "l3", "chains_recompute", 9),
     ("total", "l3", "incompatible", 1), ("total", "l3", "full_refusals", 4),
     ("total", "l3", "decision_load", 2), ("total", "l3", "decision_recompute", 9),
     ("total", "l3", "decision_explore", 1),
@@ -40,7 +42,9 @@ def test_each_reported_tier_gets_its_figures_and_absent_tiers_none():
     l1, l3, exact = rows["l1"], rows["l3"], rows["exact"]
     assert (l1.hits, l1.misses, l1.held, l1.capacity, l1.fill, l1.evictions) == (30, None, 64, 256, 0.25, 12)
     assert l1.seconds_saved == 0.25 and l1.hit_rate is None
-    assert (l3.hits, l3.hit_rate, l3.bad_values, l3.full_refusals, l3.capacity) == (5, 0.25, 3, 4, None)
+    # L3 over chains asked: 5 served of 20 (blocks loaded and store-level misses are not the measure)
+    assert (l3.hits, l3.misses, l3.hit_rate, l3.unit) == (5, 15, 0.25, "chains")
+    assert (l3.bad_values, l3.full_refusals, l3.capacity) == (3, 4, None)
     assert (exact.hit_rate, exact.errors, exact.unit) == (0.75, 7, "requests")
     assert l3.decisions == {"load": 2, "recompute": 9, "explore": 1} and l1.decisions is None
 

@@ -68,6 +68,21 @@ def test_a_new_replica_loads_the_prefix_from_redis_and_answers_identically(model
     assert second.stats.prefix_reused_tokens == 48, "another tenant's keys never match"
 
 
+def test_l3_counts_the_chains_it_is_asked_for_by_outcome(model, redis_server, request):  # noqa: F811
+    """What the cache report's L3 hit rate is over: chains asked, served or not (Redis lacked them)."""
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace)
+    serve(first, PROMPT + [5])
+    first.prefix_cache.l3.close()
+    second = replica(model, redis_server, namespace)
+    serve(second, PROMPT + [5])  # loaded from L3
+    for i in range(3):  # prompts no replica computed: Redis lacks them
+        serve(second, [1] + list(range(110 + 40 * i, 150 + 40 * i)))
+    counters = cache_counters(second.prefix_cache, None)
+    assert counters[("l3", "chains_loaded")] == 1 and counters[("l3", "chains_missing")] == 3
+    assert counters[("l3", "chains_partial")] == 0 and counters[("l3", "chains_recompute")] == 0
+
+
 def test_corrupted_snapshots_are_recomputed_not_used(model, redis_server, request):  # noqa: F811
     namespace = f"kv-test:{request.node.name}"
     first = replica(model, redis_server, namespace)
