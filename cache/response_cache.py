@@ -281,9 +281,15 @@ class ExactResponseCache(RedisCacheBase):
     # -- operations ------------------------------------------------------------------------------
 
     def get(
-        self, prompt_ids: Sequence[int], params: EngineRequestParams, key: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: EngineRequestParams,
+        key: str | None = None,
+        count_hit: bool = True,
     ) -> str | None:
-        """`key`: `key(prompt_ids, params)` when the caller has it already (hashing 2000 ids takes ~21 us)."""
+        """`key`: `key(prompt_ids, params)` when the caller has it already (hashing 2000 ids takes ~21 us).
+        `count_hit` off: a hit is left for the caller to count (`count_hit`) once it checked the key: a
+        counter taken back would run backwards, which Prometheus counters never do."""
         if not self.cacheable(params):
             self._count("uncacheable")
             return None
@@ -311,13 +317,13 @@ class ExactResponseCache(RedisCacheBase):
         text = self.decode_value(key, raw)
         if text is None:
             return self._reject(key)
-        self._count("hits")
+        if count_hit:
+            self._count("hits")
         return text
 
-    def retract_hit(self) -> None:
-        """The last hit was for a key the caller then found was not its prompt's (a claimed key that failed
-        its check): nothing was served, so it is not counted."""
-        self._count("hits", -1)
+    def count_hit(self) -> None:
+        """A hit `get(count_hit=False)` returned, counted once its key was found to be the prompt's."""
+        self._count("hits")
 
     def _reject(self, key: str) -> None:
         """A value that is not one we wrote for `key`: a miss, counted as corrupt, and deleted."""

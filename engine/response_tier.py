@@ -114,11 +114,12 @@ class ResponseTier:
             return ResponseLookup(None, None)
         began = time.perf_counter()
         key = self._request_key(prompt_ids, params)
-        text = self.cache.get(prompt_ids, params, key.value)
+        text = self.cache.get(prompt_ids, params, key.value, count_hit=key.checked)
         if text is not None and not key.checked:
             key, matched = self._checked(key, prompt_ids, params)
-            if not matched:  # another prompt's answer, never served: hit taken back, the prompt's own asked
-                self.cache.retract_hit()
+            if matched:
+                self.cache.count_hit()
+            else:  # another prompt's answer, never served nor counted: the prompt's own is asked for
                 text = self.cache.get(prompt_ids, params, key.value)
         if text is None and self.semantic is not None:
             hit = self.semantic.lookup(self._prompt_text(prompt_ids), params.tenant, params)
