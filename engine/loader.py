@@ -194,6 +194,10 @@ def build_response_tier(
         except (ImportError, OSError) as exc:  # the embedding model package is optional
             log(f"semantic cache off: {exc}")
 
+    # a cached answer is text turned back into ids: text that spells a special token ("<s>" in an HTML
+    # answer) must come back as those characters, not as the token, which decodes to nothing
+    tokenizer.encode_special_tokens = True
+
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids
 

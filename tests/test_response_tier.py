@@ -202,3 +202,24 @@ def test_a_key_of_another_fingerprint_is_not_used_is_counted_and_logged_once(red
     assert responses.foreign_keys == 3 and responses.claimed_keys == 0
     assert len(logged) == 1 and "scheduler step's dtype, max_seq_len and response_cache" in logged[0]
     responses.close()
+
+
+def test_an_answer_that_spells_a_special_token_is_served_as_generated(redis_server):
+    """The cache keeps an answer as text and turns it back into ids on a hit: "<s>old</s>" (an HTML
+    strikethrough the model wrote in ordinary byte tokens) must not come back as the <s> and </s>
+    tokens, which decode to nothing."""
+    from engine.config import EngineConfig
+    from engine.detokenize import TokenDecoder
+    from engine.loader import build_response_tier
+    from tests.conftest import MODEL_DIR
+
+    decoder = TokenDecoder.from_model_dir(MODEL_DIR)
+    config = EngineConfig(redis_url=redis_server, response_cache_first_use=True, redis_key_directory=False)
+    responses = build_response_tier(config, f"fp-{uuid.uuid4().hex[:8]}", MODEL_DIR, decoder, print)
+    output = [decoder.tokenizer.token_to_id(ch) for ch in "<s>old</s>"]
+    assert decoder.delta(output, 0, True) == b"<s>old</s>"  # what generation sends the client
+    params = EngineRequestParams(max_tokens=16, exclude_input_in_output=True, tenant="t1")
+    responses.remember([5, 6, 7, 8], params, output, 0, responses.lookup([5, 6, 7, 8], params).key)
+    responses.close()
+    found = responses.lookup([5, 6, 7, 8], params)
+    assert decoder.delta(found.tokens, 0, True) == b"<s>old</s>"
