@@ -201,10 +201,15 @@ def build_response_tier(
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids
 
+    def answer_bytes(ids: list[int]) -> bytes:
+        """An answer's text as the detokenizer sends it whole: for a sentencepiece tokenizer without the
+        leading space `raw_bytes` keeps, so that a hit re-encoded from it decodes to the same text."""
+        return decoder.delta(list(ids), 0, True)
+
     return ResponseTier(
         cache,
         encode,
-        decoder.raw_bytes,
+        answer_bytes,
         semantic=semantic,
         first_use=config.response_cache_first_use,
         log=log,

@@ -223,3 +223,36 @@ def test_an_answer_that_spells_a_special_token_is_served_as_generated(redis_serv
     responses.close()
     found = responses.lookup([5, 6, 7, 8], params)
     assert decoder.delta(found.tokens, 0, True) == b"<s>old</s>"
+
+
+def test_with_a_sentencepiece_tokenizer_a_hit_decodes_as_generation_did(redis_server, tmp_path):
+    """Metaspace and byte fallback (Llama-style): the answer is kept as the detokenizer's text, not raw
+    token bytes whose leading space a re-encode would double."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    from engine.config import EngineConfig
+    from engine.detokenize import TokenDecoder
+    from engine.loader import build_response_tier
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    special = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    corpus = ["The capital of France is Paris.", "Paris is a city in France."] * 50
+    tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=280, special_tokens=special))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    decoder = TokenDecoder.from_model_dir(tmp_path)
+    assert not decoder.byte_level
+    config = EngineConfig(redis_url=redis_server, response_cache_first_use=True, redis_key_directory=False)
+    responses = build_response_tier(config, f"fp-{uuid.uuid4().hex[:8]}", tmp_path, decoder, print)
+    prompt, output = tokenizer.encode("The capital of France is").ids, tokenizer.encode("Paris").ids
+    params = EngineRequestParams(max_tokens=16, tenant="t1")
+    responses.remember(prompt, params, output, 0, responses.lookup(prompt, params).key)
+    responses.close()
+    served = responses.lookup(prompt, params).tokens
+    assert decoder.delta(served, 0, True) == decoder.delta(output, 0, True) == b"Paris"
+    assert decoder.delta(prompt + served, 0, True) == decoder.delta(prompt + output, 0, True)
