@@ -515,6 +515,18 @@ def _variant(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return y.startswith(x) or prefix >= max(4, 0.7 * len(x))
 
 
+def _utf8_encodable(*texts: str) -> bool:
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+MINIMAL_PAIR_MAX_MIDDLE = 64  # content words between the common head and tail that difflib aligns
+
+
 def minimal_pair(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """Two questions worded alike except for a word or two swapped in place.
 
@@ -526,11 +538,24 @@ def minimal_pair(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     another form of the same word ("convert" / "conversion") are not a swap; moved words are. The guard
     counts a minimal pair as a contrast only when the frames match too (`frame_words`).
     """
-    shared = only_a = only_b = 0
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    if abs(len(a) - len(b)) > 2:  # at most two words differ on either side
+        return False
+    # the common head and tail are shared as they are; difflib (quadratic) sees only the middle, which a
+    # word or two swapped keeps short: a 10,000-word prompt took 7.5 s a guard check on the whole of it
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    middle_a, middle_b = a[head : len(a) - tail], b[head : len(b) - tail]
+    if max(len(middle_a), len(middle_b)) > MINIMAL_PAIR_MAX_MIDDLE:
+        return False  # swaps that far apart are not one slot of a template
+    shared, only_a, only_b = head + tail, 0, 0
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, middle_a, middle_b, autojunk=False).get_opcodes():
         if op == "equal":
             shared += i2 - i1
-        elif not (op == "replace" and _variant(a[i1:i2], b[j1:j2])):
+        elif not (op == "replace" and _variant(middle_a[i1:i2], middle_b[j1:j2])):
             only_a, only_b = only_a + i2 - i1, only_b + j2 - j1
     return shared >= 2 and 0 < only_a <= 2 and 0 < only_b <= 2
 
@@ -811,7 +836,7 @@ class SemanticResponseCache(RedisCacheBase):
         answer: str,
         embedding: np.ndarray | None = None,
     ) -> bool:
-        if not is_deterministic(params):
+        if not is_deterministic(params) or not _utf8_encodable(prompt, answer):  # a lone surrogate: no key
             self._count("uncacheable")
             return False
         vec = self._embed(prompt) if embedding is None else self._normalize(embedding)

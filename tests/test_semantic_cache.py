@@ -300,6 +300,27 @@ def test_a_bad_age_or_stamp_key_fails_one_store_is_deleted_and_opens_no_breaker(
     assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "an answer"
 
 
+def test_a_guard_check_on_document_long_prompts_is_linear_not_quadratic():
+    """difflib over 10,000 repeated words a side took 7.5 s a check; a lookup runs one per candidate."""
+    import time
+
+    started = time.perf_counter()
+    for query, entry in [
+        ("x " * 10_000 + "kiwi", "x " * 10_000 + "apple"),
+        ("x " * 5_000 + "kiwi " + "x " * 5_000, "x " * 5_000 + "apple " + "x " * 5_000),
+    ]:
+        verdict = QuestionGuard().compatible(query, entry)
+        assert not verdict.ok and verdict.reason == "contrast:swapped-words"  # still one word swapped
+    long_a = tuple(f"a{i}" for i in range(2000))
+    assert not minimal_pair(long_a, tuple(reversed(long_a)))  # a middle too long to be one slot
+    assert time.perf_counter() - started < 2.0
+
+
+def test_a_prompt_utf_8_cannot_encode_is_not_stored_and_raises_nothing(cache):
+    assert not cache.store("How do I reset \ud800 my password?", "t", GREEDY, "an answer")
+    assert cache.snapshot()["uncacheable"] == 1 and cache.snapshot()["errors"] == 0
+
+
 def test_matrix_is_cached_until_the_version_moves(cache):
     cache.store(QUESTION, "t", GREEDY, "a1")
     assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "a1"
