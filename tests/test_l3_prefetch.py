@@ -62,7 +62,9 @@ def test_prefetch_runs_during_kernel_warmup_and_gives_identical_outputs(model, r
     namespace = f"prefetch-test:{request.node.name}"
     seeded(model, redis_server, namespace)
     engine = replica(model, redis_server, namespace)
-    spy = Spy(engine.prefix_cache.l3.store, get_delay_s=0.3)  # a slow Redis: the fetch outlasts kernels
+    # a slow Redis: each fetch outlasts the kernel warmup (0.4 s on the CI VM, 1.3 s with its two cores
+    # busy elsewhere), so the first template waits for its fetch
+    spy = Spy(engine.prefix_cache.l3.store, get_delay_s=1.5)
     report = run_warmup(engine, enabled=True, hot_prefixes=TEMPLATES, prefill_budget_s=5.0)
 
     prefetch, kernels = stage(report, "l3_prefetch"), stage(report, "prefill_buckets")
