@@ -201,16 +201,22 @@ def _stem(word: str) -> str:
 
 def content_words(text: str) -> tuple[str, ...]:
     """The normalised question's words that are not frame words, plural -s stripped, in order."""
-    return tuple(_stem(w) for w in normalize_question(text).split() if w not in FRAME_WORDS)
+    return _content(normalize_question(text).split())
 
 
 def frame_words(text: str) -> tuple[str, ...]:
     """The normalised question's frame words in order, less the loose ones: how it is asked, not what
     about. Two questions with the same frame and a content word swapped are a template with one slot
     changed; a different frame is a rewording."""
-    return tuple(
-        w for w in normalize_question(text).split() if w in FRAME_WORDS and w not in LOOSE_FRAME_WORDS
-    )
+    return _frame(normalize_question(text).split())
+
+
+def _content(words: list[str]) -> tuple[str, ...]:
+    return tuple(_stem(w) for w in words if w not in FRAME_WORDS)
+
+
+def _frame(words: list[str]) -> tuple[str, ...]:
+    return tuple(w for w in words if w in FRAME_WORDS and w not in LOOSE_FRAME_WORDS)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -411,6 +417,7 @@ def _next_content(words: list[str], i: int) -> str | None:
 
 
 def extract_features(text: str) -> QuestionFeatures:
+    normalized = normalize_question(text).split()  # once, for the content and the frame words
     raw = _tokens(text)
     words = [w.lower() for w in raw]
     negated = any(w in NEGATIONS or w.endswith("n't") for w in words)
@@ -501,8 +508,8 @@ def extract_features(text: str) -> QuestionFeatures:
         than_objects=frozenset(than),
         numbers=frozenset(numbers),
         entities=frozenset(entities),
-        content=content_words(text),
-        frame=frame_words(text),
+        content=_content(normalized),
+        frame=_frame(normalized),
     )
 
 

@@ -423,7 +423,8 @@ def select_from_counts(
     edge cases always stay. Only the `max_embedded` most frequent prompts are clustered."""
     config = config or SelectionConfig()
     stats = [s for s in counted if count_tokens(s.text) <= config.max_prompt_tokens]
-    embedded = list(dict.fromkeys(s.key for s in stats))[: config.max_embedded]
+    texts = list(dict.fromkeys(s.key for s in stats))  # distinct prompt texts, any tenant's
+    embedded = texts[: config.max_embedded]
     clusters = cluster_prompts(embedded, embed, config, progress)
     n_top = math.ceil(len(stats) * config.top_percent / 100.0) if config.top_percent > 0 else 0
     top = [WarmupItem(s.text, s.tenant, REASON_TOP, s.frequency, clusters.get(s.key)) for s in stats[:n_top]]
@@ -450,8 +451,7 @@ def select_from_counts(
         extra += _edge_cases(stats, clusters, config, count_tokens)
     for item in (*top, *picks, *extra):
         chosen.setdefault(_item_key(item), item)
-    distinct = len(dict.fromkeys(s.key for s in stats))
-    return Selection(list(chosen.values()), capped, len(counted) - len(stats), len(embedded), distinct)
+    return Selection(list(chosen.values()), capped, len(counted) - len(stats), len(embedded), len(texts))
 
 
 # ------------------------------------------------------------------------------------------------- sending
