@@ -77,6 +77,20 @@ class MiniLMEmbedder:
     def embed_one(self, text: str) -> np.ndarray:
         return self.embed([text])[0]
 
+    def fits(self, texts: list[str] | tuple[str, ...]) -> list[bool]:
+        """Whether each text embeds whole, within ``max_seq_length`` tokens. A longer text is embedded
+        from its head only, so two prompts that differ after it (one document, two questions at its end)
+        get the same vector: the semantic cache must not compare them."""
+        limit = self.config.max_seq_length
+        out = [len(text.split()) <= limit for text in texts]  # every word is a token at least: no tokenizing
+        short = [text for text, ok in zip(texts, out) if ok]
+        if short:
+            with self._lock:
+                lengths = [len(ids) for ids in self.tokenizer(short, truncation=False)["input_ids"]]
+            it = iter(lengths)
+            out = [ok and next(it) <= limit for ok in out]
+        return out
+
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         torch = self._torch
         enc = self.tokenizer(

@@ -128,6 +128,8 @@ return false
 class Embedder(Protocol):
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
+    def fits(self, texts: list[str]) -> list[bool]: ...  # embedded whole, not truncated
+
 
 # ---------------------------------------------------------------------------------------------------
 # Query normalisation (what gets embedded) and content words
@@ -624,6 +626,7 @@ class SemanticCacheStats:
     corrupt: int = 0  # entries that failed validation (deleted)
     incomplete: int = 0  # entries with one of their two values gone (a bounded Redis evicted it): deleted
     uncacheable: int = 0  # temperature > 0 without a seed
+    too_long: int = 0  # stores and lookups of prompts longer than the embedder's window: not compared
     guard_rejections: int = 0  # candidates above the threshold that the guard or signature turned down
     low_band_rejections: int = 0  # lower-band candidates turned down without scoring (overlap rule, too
     # few entries for the verifier, or past its top-k)
@@ -846,6 +849,8 @@ class SemanticResponseCache(RedisCacheBase):
         if not is_deterministic(params) or not _utf8_encodable(prompt, answer):  # a lone surrogate: no key
             self._count("uncacheable")
             return False
+        if not self._embeds_whole(prompt):
+            return False
         vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
             return False
@@ -946,6 +951,8 @@ class SemanticResponseCache(RedisCacheBase):
         if not is_deterministic(params):
             self._count("uncacheable")
             return None
+        if not self._embeds_whole(prompt):
+            return None
         if not self.breaker.allow():
             self._count("errors")
             return None
@@ -990,6 +997,15 @@ class SemanticResponseCache(RedisCacheBase):
 
     def _embed(self, text: str) -> np.ndarray:
         return self._normalize(self.embed_queries([text])[0])
+
+    def _embeds_whole(self, prompt: str) -> bool:
+        """A prompt past the embedder's window is neither stored nor looked up: its vector is its head's,
+        so a long document with another question at its end would match at cosine 1.0, and the guard's
+        word checks are no match for a document. The exact cache still serves it."""
+        if self.embedder.fits([normalize_question(prompt)])[0]:
+            return True
+        self._count("too_long")
+        return False
 
     def _normalize(self, v: np.ndarray) -> np.ndarray:
         v = np.asarray(v, dtype=np.float32).reshape(-1)

@@ -316,6 +316,35 @@ def test_a_guard_check_on_document_long_prompts_is_linear_not_quadratic():
     assert time.perf_counter() - started < 2.0
 
 
+def test_the_embedder_says_which_texts_it_would_truncate(embedder):
+    window = embedder.config.max_seq_length  # [CLS] and [SEP] count: "cat" is one token
+    assert embedder.fits(["cat " * (window - 2), "cat " * (window - 1), "cat " * 10_000, ""]) == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert embedder.fits(["cat " * (window - 3) + "unforgettableness"]) == [False]  # word pieces count
+
+
+def test_prompts_past_the_embedders_window_are_neither_stored_nor_matched(cache):
+    """A document then a question: MiniLM sees the first 256 tokens only, so two questions about one
+    long document embed alike (cosine 1.0) and the guard's word checks pass them; one would have been
+    served the other's answer."""
+    document = " ".join(f"the report covers item {i} of the plan in some detail" for i in range(60))
+    summary = f"Read this report and summarize it in one sentence: {document}"
+    risks = f"{summary} then list the main risks it mentions, ranked by severity"
+    vectors = cache.embed_queries([summary, risks])
+    assert vectors[0] @ vectors[1] > 0.999  # what the cache would have compared
+    assert not cache.store(summary, "t", GREEDY, "a one-sentence summary")
+    assert cache.lookup(risks, "t", GREEDY) is None
+    assert cache.snapshot()["too_long"] == 2 and cache.snapshot()["stores"] == 0
+    assert cache.store(QUESTION, "t", GREEDY, "an answer")  # a question within the window still is
+    assert cache.lookup(f"{document} {QUESTION}", "t", GREEDY) is None
+    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "an answer"
+    assert cache.snapshot()["too_long"] == 3
+
+
 def test_a_prompt_utf_8_cannot_encode_is_not_stored_and_raises_nothing(cache):
     assert not cache.store("How do I reset \ud800 my password?", "t", GREEDY, "an answer")
     assert cache.snapshot()["uncacheable"] == 1 and cache.snapshot()["errors"] == 0
