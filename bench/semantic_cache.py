@@ -18,9 +18,10 @@ rules pick from the tuning half the point with the
 highest hit rate whose precision is at least --min-precision: by the point estimate, and by a one-sided
 Wilson lower bound (z = --z), which the point estimate on ~230 pairs overrates. The lower-bound choice is
 the headline and what the cache's defaults should be. A 5-fold estimate (tune on 4/5, measure on 1/5,
-pooled) is reported beside it. The pairs of --fresh (data/paraphrases-fresh.jsonl: written blind to the
-guard and the verifier) are only measured at the chosen settings: their questions are stored in a tenant
-of their own, and no threshold, verifier fit or fold sees them. Writes
+pooled) is reported beside it. The sets of --fresh (data/paraphrases-fresh.jsonl and
+data/paraphrases-fresh2.jsonl: written blind to the guard and the verifier) are only measured at the
+chosen settings, each on its own: its questions are stored in a tenant of its own, and no threshold,
+verifier fit or fold sees them. Writes
 bench/results/semantic-cache-<tag>.{json,md,png}.
 
     python -m bench.semantic_cache [--write-weights]   # the latter also rewrites cache/semantic_verifier.json
@@ -58,12 +59,14 @@ from scheduler.messages import EngineRequestParams
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA = REPO_ROOT / "data" / "paraphrases.jsonl"
-# written blind to the guard and the verifier (2026-11-30), after the frame condition of the swap rule
-# was set: never tuned on, only measured
+# written blind to the guard and the verifier, never tuned on, only measured: the first after the frame
+# condition of the swap rule was set (2026-11-30, since read to study the guard's failures), the second
+# written later by another blind helper, with harder traps asked for (2026-11-30, not read)
 FRESH = REPO_ROOT / "data" / "paraphrases-fresh.jsonl"
+FRESH2 = REPO_ROOT / "data" / "paraphrases-fresh2.jsonl"
 RESULTS = REPO_ROOT / "bench" / "results"
 TENANT = "bench"
-FRESH_TENANT = "bench-fresh"  # the fresh pairs' entries: a store of their own, as another deployment's
+MAIN_SOURCES = ("original", "added")  # every other source is a fresh set, named after its file
 FOLDS = 5
 
 
@@ -73,7 +76,11 @@ class Pair:
     b: str
     same: bool
     kind: str
-    source: str  # "original" (the first 343), "added" (after the guard's word lists), "fresh" (--fresh)
+    source: str  # "original" (the first 343), "added" (after the guard's word lists), or a fresh set's name
+
+    @property
+    def fresh(self) -> bool:
+        return self.source not in MAIN_SOURCES
 
     @property
     def bucket(self) -> int:
@@ -81,7 +88,7 @@ class Pair:
 
     @property
     def tenant(self) -> str:
-        return FRESH_TENANT if self.source == "fresh" else TENANT
+        return f"bench-{self.source}" if self.fresh else TENANT  # a fresh set's entries: a store of their own
 
     @property
     def half(self) -> str:
@@ -97,6 +104,7 @@ class Point:
     hits: int
     correct_hits: int
     low_band_hits: int
+    low_band_wrong: int
     true_pairs: int
     correct_on_true: int
     wrong_by_kind: dict[str, int]
@@ -119,7 +127,9 @@ class Point:
         return (
             f"precision {self.precision:.3f}, hit rate {self.hit_rate:.3f} "
             f"({self.correct_on_true}/{self.true_pairs} true pairs, {self.hits} hits, "
-            f"{self.hits - self.correct_hits} wrong{f': {self.wrong_by_kind}' if self.wrong_by_kind else ''})"
+            f"{self.hits - self.correct_hits} wrong"
+            f"{f': {self.wrong_by_kind}' if self.wrong_by_kind else ''}; "
+            f"lower band: {self.low_band_hits} hits, {self.low_band_wrong} wrong)"
         )
 
 
@@ -133,6 +143,15 @@ def wilson_lower(successes: int, n: int, z: float) -> float:
     centre = p + z * z / (2 * n)
     spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return (centre - spread) / (1 + z * z / n)
+
+
+def fresh_name(path: Path) -> str:
+    """A fresh set's name, from its file: paraphrases-fresh2.jsonl is "fresh2"."""
+    return path.stem.removeprefix("paraphrases-")
+
+
+def fresh_subset(name: str) -> str:
+    return f"{name} pairs (never tuned on)"
 
 
 def load_pairs(path: Path, source: str | None = None) -> list[Pair]:
@@ -175,7 +194,7 @@ def score(
     p_min: float | None = None,
 ) -> Point:
     true_match = {(p.a, p.b) for p in pairs if p.same}
-    hits = correct = correct_true = low = 0
+    hits = correct = correct_true = low = low_wrong = 0
     wrong: Counter[str] = Counter()
     for pair, result, used in zip(pairs, results, keep):
         if not used or result is None:
@@ -186,10 +205,21 @@ def score(
             correct += 1
             correct_true += int(pair.same)
         else:
+            low_wrong += result[1] != "high"
             wrong[pair.kind if not pair.same else "paraphrase:other-entry"] += 1
     true_pairs = sum(p.same for p, used in zip(pairs, keep) if used)
     return Point(
-        threshold, p_min, low_threshold, guard, hits, correct, low, true_pairs, correct_true, dict(wrong)
+        threshold,
+        p_min,
+        low_threshold,
+        guard,
+        hits,
+        correct,
+        low,
+        low_wrong,
+        true_pairs,
+        correct_true,
+        dict(wrong),
     )
 
 
@@ -329,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--fresh",
         type=Path,
-        default=FRESH,
-        help="pairs only measured, never tuned on (skipped when the file does not exist)",
+        nargs="*",
+        default=[FRESH, FRESH2],
+        help="sets of pairs only measured, never tuned on, each on its own (absent files are skipped)",
     )
     ap.add_argument("--tag", default="cpu")
     ap.add_argument("--min-precision", type=float, default=0.97)
@@ -347,10 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     pairs = load_pairs(args.data)
-    fresh_pairs = load_pairs(args.fresh, "fresh") if args.fresh.exists() else []
+    fresh_files = {fresh_name(path): path for path in args.fresh if path.exists()}
+    fresh_pairs = [pair for name, path in fresh_files.items() for pair in load_pairs(path, name)]
     pairs += fresh_pairs
-    main_set = [p.source != "fresh" for p in pairs]
-    fresh = [not m for m in main_set]
+    main_set = [not p.fresh for p in pairs]
     kinds = Counter(p.kind for p in pairs)
     sources = Counter(p.source for p in pairs)
     print(f"{len(pairs)} pairs from {args.data.name}: {dict(kinds)} {dict(sources)}", flush=True)
@@ -358,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     embedder = MiniLMEmbedder()
     load_s = time.perf_counter() - t0
     stored = sorted({p.a for p, m in zip(pairs, main_set) if m})
-    stored_fresh = sorted({p.a for p, m in zip(pairs, main_set) if not m})
+    stored_fresh = sorted({(p.a, p.tenant) for p in fresh_pairs})
     params = EngineRequestParams(max_tokens=64, temperature=0.0)
     singles = [round(x, 2) for x in np.arange(0.50, 0.9901, 0.01)]
     highs = [0.78, 0.80, 0.82, 0.84, 0.86]
@@ -374,11 +405,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             t0 = time.perf_counter()
             stored_vecs = cache.embed_queries(stored)
-            fresh_vecs = cache.embed_queries(stored_fresh) if stored_fresh else stored_vecs[:0]
+            fresh_vecs = (
+                cache.embed_queries([a for a, _ in stored_fresh]) if stored_fresh else stored_vecs[:0]
+            )
             query_vecs = cache.embed_queries([p.b for p in pairs])
             embed_ms = (time.perf_counter() - t0) * 1000 / (len(stored) + len(stored_fresh) + len(pairs))
             entries = [(t, v, TENANT) for t, v in zip(stored, stored_vecs)]
-            entries += [(t, v, FRESH_TENANT) for t, v in zip(stored_fresh, fresh_vecs)]
+            entries += [(a, v, tenant) for (a, tenant), v in zip(stored_fresh, fresh_vecs)]
             for text, vec, tenant in entries:
                 if not cache.store(text, tenant, params, f"answer to: {text}", embedding=vec):
                     raise RuntimeError("store failed against the bench's own redis-server")
@@ -444,8 +477,8 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "held-out, added pairs": at(point, [h and p.source == "added" for h, p in zip(held_out, pairs)]),
         }
-        if fresh_pairs:
-            subsets["fresh pairs (never tuned on)"] = at(point, fresh)
+        for fresh_set in fresh_files:
+            subsets[fresh_subset(fresh_set)] = at(point, [p.source == fresh_set for p in pairs])
         report[name] = {
             "threshold": point.threshold,
             "low_threshold": point.low_threshold,
@@ -513,8 +546,12 @@ def main(argv: list[str] | None = None) -> int:
     held = report[headline_name].get("_points", {}).get("held-out half")
     full = report[headline_name].get("_points", {}).get("full set")
     targets_met = bool(held and held.precision >= 0.97 and held.hit_rate >= 0.60)
-    on_fresh = report[headline_name].get("_points", {}).get("fresh pairs (never tuned on)")
-    fresh_met = bool(on_fresh and on_fresh.precision >= 0.97 and on_fresh.hit_rate >= 0.60)
+    on_fresh = {
+        name: report[headline_name].get("_points", {}).get(fresh_subset(name)) for name in fresh_files
+    }
+    fresh_met = {
+        name: bool(pt and pt.precision >= 0.97 and pt.hit_rate >= 0.60) for name, pt in on_fresh.items()
+    }
 
     md_sweep = sweep_table(sweep, every=0.05)
     lines = []
@@ -544,8 +581,8 @@ def main(argv: list[str] | None = None) -> int:
         "choices": {k: {kk: vv for kk, vv in v.items() if kk != "_points"} for k, v in report.items()},
         "kfold_pooled": kfold,
         "targets_met": targets_met,
-        "fresh_at_headline": on_fresh.row() if on_fresh else None,
-        "targets_met_on_fresh": fresh_met if fresh_pairs else None,
+        "fresh_at_headline": {name: pt.row() if pt else None for name, pt in on_fresh.items()},
+        "targets_met_on_fresh": fresh_met,
         "model_load_s": round(load_s, 2),
         "embed_ms_per_text_batched": round(embed_ms, 2),
         "lookup_us_precomputed_embedding": round(lookup_us, 1),
@@ -593,9 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         "swap rule's frame condition (a swap counts only when the rest of the question is worded the same) "
         "after seeing every pair of this file, held-out half included: for those, only the fresh pairs "
         "are unseen); "
-        f"{len(stored)} distinct 'a' prompts stored in one tenant of a real redis-server (the fresh pairs' "
-        f"{len(stored_fresh)} in a tenant of their own), every 'b' looked up in its set's tenant through "
-        "`SemanticResponseCache.lookup`\n"
+        f"{len(stored)} distinct 'a' prompts stored in one tenant of a real redis-server (each fresh set's "
+        f"in a tenant of its own: {len(stored_fresh)} in all), every 'b' looked up in its set's tenant "
+        "through `SemanticResponseCache.lookup`\n"
         "- a hit counts as correct only when it returns the labeled true paraphrase; anything else is wrong\n"
         f"- halves by SHA-256 of 'a' (fresh pairs in neither): {summary['halves']}; thresholds are chosen "
         "on the tuning half (max hit rate with precision >= "
@@ -609,12 +646,11 @@ def main(argv: list[str] | None = None) -> int:
         "(Redis version check + cosine + guard + verifier)\n\n"
         f"Issue targets on the held-out half (precision >= 0.97 with hit rate >= 0.60): "
         f"{'met' if targets_met else 'NOT met'}."
-        + (
-            f" On the {len(fresh_pairs)} fresh pairs ({args.fresh.name}: written blind to the guard and the "
-            "verifier after their last change, stored in a tenant of their own, never tuned on): "
-            f"{'met' if fresh_met else 'NOT met'}."
-            if fresh_pairs
-            else ""
+        + "".join(
+            f" On the {sum(p.source == name for p in pairs)} {name} pairs ({path.name}: written blind to the "
+            "guard and the verifier, stored in a tenant of their own, never tuned on): "
+            f"{'met' if fresh_met[name] else 'NOT met'}."
+            for name, path in fresh_files.items()
         )
         + f"\n\n{headline_line}\n\n"
         + "\n".join(lines)
