@@ -14,6 +14,7 @@ more than one item; whatever it did not reach, the warmup stage pays as before.
 from __future__ import annotations
 
 import copy
+import gc
 import threading
 import time
 from collections.abc import Sequence
@@ -79,6 +80,7 @@ class DevicePrewarm:
             self._stop.set()
         self._thread.join()
         if self.device.type == "cuda":  # the copy's memory was cached for the prewarm's stream only
+            gc.collect()  # the one-layer model holds reference cycles, which the loader's gc.freeze() keeps
             torch.cuda.empty_cache()
         summary = self.summary
         summary.waited_s = (time.perf_counter_ns() - waiting) / 1e9

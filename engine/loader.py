@@ -328,7 +328,6 @@ def load_engine(
     )
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
     fingerprint = serving_fingerprint(model_dir, max_len, config.dtype)
-    engine.prefix_cache = build_prefix_cache(config, runner, model_name, fingerprint, log)
     hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
     compile_cache: CompileCache | None = None
     compile_failures: list[dict] = []
@@ -353,6 +352,9 @@ def load_engine(
         f"buckets {list(buckets)} ({plan.buckets.source})"
     )
     prewarm_stage = None if prewarm is None else prewarm.finish()
+    # sized after the prewarm gave its memory back: allocated on its own stream, that memory counts as used
+    # until `finish` empties the cache, and the device check would refuse an L1 that fits
+    engine.prefix_cache = build_prefix_cache(config, runner, model_name, fingerprint, log)
     report = run_warmup(
         engine,
         config.warmup,
