@@ -408,12 +408,26 @@ class Engine:
                 continue
             self._free.remove(slot)
             suspended = self._suspended.pop(request.request_id, None)
-            if suspended is not None:
-                self._resume(suspended, slot)
-            else:
-                self._start(request, slot)
+            try:
+                if suspended is not None:
+                    self._resume(suspended, slot)
+                else:
+                    self._start(request, slot)
+            except Exception as exc:  # this request's own fault (its parameters): the others run on
+                self._fail_start(request, slot, exc)
             admitted = True
         return admitted
+
+    def _fail_start(self, request: EngineRequest, slot: int, exc: Exception) -> None:
+        """End a request whose prefill or first token raised, and free its slot, its KV untrusted. The
+        engine loop's catch-all would have failed every running request instead, and lost the slot."""
+        state = self._active.get(slot)
+        if state is not None and state.request is request:
+            self._release(state, keep_prefix=False)
+        elif slot not in self._free:
+            self._free.append(slot)
+        message = f"request failed to start: {type(exc).__name__}: {exc}"
+        self._end_queued(request, "error", "INTERNAL", message.encode("utf-8", "backslashreplace").decode())
 
     def _reserved_len(self, request: EngineRequest) -> int:
         """KV positions the request can reach: its prompt plus every token it may generate."""

@@ -146,7 +146,20 @@ def _parse_stop(value: object) -> tuple[str, ...]:
     for item in items:
         if not isinstance(item, str) or not item or len(item) > MAX_STOP_CHARS:
             raise _invalid(f"sampling_parameters.stop entry {_show(item)} is invalid; allowed: {rule}")
+        if not _utf8_text(item):  # matched as UTF-8 bytes and hashed into cache keys: one would raise there
+            raise _invalid(
+                f"sampling_parameters.stop entry {json.dumps(item)} is not Unicode text (a lone surrogate "
+                "escape)"  # escaped: the message itself must encode
+            )
     return tuple(items)
+
+
+def _utf8_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_sampling_parameters(raw: str | bytes | None, limits: Limits) -> dict[str, Any]:

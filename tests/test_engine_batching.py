@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from conftest import wait_for
 from engine.engine import Engine
 from engine.model_runner import ModelRunner
 from engine.requests import EngineRequest
@@ -410,3 +411,28 @@ def test_a_token_id_outside_the_vocabulary_fails_only_its_own_request(model):
         assert info.value.code == "INVALID_ARG" and "token ids are 0 to 299" in info.value.message
     run_until_idle(engine)
     assert not running.errors and len(running.tokens) == 6
+
+
+def test_a_request_that_raises_as_it_starts_fails_alone_and_frees_its_slot(model):
+    """A stop string that cannot be matched (a lone surrogate: validation refuses it, but a request sent
+    to the engine model directly is not validated by the scheduler step) raised in the request's first
+    token; the engine loop's catch-all then failed every running request and the slot was lost."""
+    engine = make_engine(model, slots=2)
+    engine.start()
+    try:
+        bystander, victim, after = RecordingSink(), RecordingSink(), RecordingSink()
+        engine.submit(request([1, 5, 6, 7], bystander, "a", max_tokens=60))
+        assert wait_for(lambda: len(bystander.windows) >= 2, 20), "the bystander is decoding"
+        engine.submit(request([1, 8, 9], victim, "b", temperature=0.7, stop=("\ud800",)))
+        assert wait_for(lambda: victim.finished and bystander.finished, 30)
+        assert (
+            victim.errors and victim.errors[0][0] == "INTERNAL" and "failed to start" in victim.errors[0][1]
+        )
+        victim.errors[0][1].encode("utf-8")  # the message goes back to the client
+        assert not bystander.errors and len(bystander.tokens) == 60
+        engine.submit(request([1, 10, 11], after, "c"))
+        assert wait_for(lambda: after.finished, 20) and not after.errors
+        assert wait_for(lambda: sorted(engine._free) == [0, 1], 5), "a slot was lost"
+        assert engine.stats.finished["error"] == 1
+    finally:
+        engine.shutdown(1.0)

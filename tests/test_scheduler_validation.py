@@ -75,6 +75,16 @@ def test_single_stop_string_and_integer_temperature() -> None:
     assert parse_sampling_parameters('{"seed": null, "stop": null}', LIMITS)["seed"] is None
 
 
+def test_a_stop_string_that_is_not_unicode_text_is_refused_with_an_encodable_message() -> None:
+    """A lone surrogate escape parses as JSON but cannot be matched as UTF-8 or hashed into a key: let
+    through, it raised in the engine step and failed every other running request."""
+    for raw in ('{"stop": "\\ud800"}', '{"stop": ["ok", "a\\udfffb"]}'):
+        msg = rejected(raw)
+        assert "not Unicode text" in msg and "\\ud" in msg
+        msg.encode("utf-8")
+    assert parse_sampling_parameters('{"stop": "\\ud83d\\ude00"}', LIMITS)["stop"] == ("\U0001f600",)
+
+
 def test_malformed_json_quotes_position() -> None:
     msg = rejected('{"max_tokens": 5,, }')
     assert "not valid JSON" in msg and "line 1 column 18 (char 17)" in msg

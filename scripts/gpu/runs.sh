@@ -15,7 +15,7 @@ set -uo pipefail
 . scripts/gpu/env.sh
 t0=$(date +%s)
 case "${1:-}" in
-  tests) python3 -m pytest -q -p no:cacheprovider tests/test_engine_cuda.py 2>&1 | tail -3 ;;
+  tests) python3 -m pytest -q -p no:cacheprovider tests/test_engine_cuda.py tests/test_cuda_*.py 2>&1 | tail -3 ;;
   coldstart) python3 -m bench.coldstart $GPU_ARGS --lengths 12,48,200,900,1800,3500 --starts 3 --idle-s 1 2>&1 |
     grep -v "Loading weights" | grep "|\|^- \|READY in\|target" ;;
   prefix) python3 -m bench.prefix_cache $GPU_ARGS --lengths 512,2048,3500 --throughput-rounds 20 \
