@@ -201,10 +201,11 @@ def build_response_tier(
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids
 
-    def answer_bytes(ids: list[int]) -> bytes:
-        """An answer's text as the detokenizer sends it whole: for a sentencepiece tokenizer without the
-        leading space `raw_bytes` keeps, so that a hit re-encoded from it decodes to the same text."""
-        return decoder.delta(list(ids), 0, True)
+    def answer_bytes(ids: list[int], trim_bytes: int) -> bytes:
+        """An answer's text as the detokenizer sends it whole, less `trim_bytes` where a stop string began:
+        for a sentencepiece tokenizer without the leading space `raw_bytes` keeps, so that a hit
+        re-encoded from it decodes to the same text."""
+        return decoder.delta(list(ids), 0, True, trim_bytes)
 
     return ResponseTier(
         cache,

@@ -76,7 +76,7 @@ class ResponseTier:
         self,
         cache: ExactResponseCache,
         encode: Callable[[str], list[int]],
-        token_bytes: Callable[[list[int]], bytes],
+        token_bytes: Callable[[list[int], int], bytes],
         backlog: int = 1024,
         semantic: SemanticResponseCache | None = None,
         first_use: bool = True,
@@ -164,7 +164,7 @@ class ResponseTier:
             self.request_seconds += elapsed
 
     def _prompt_text(self, prompt_ids: list[int]) -> str:
-        return self.token_bytes(prompt_ids).decode("utf-8", errors="replace")
+        return self.token_bytes(prompt_ids, 0).decode("utf-8", errors="replace")
 
     def remember(
         self,
@@ -210,8 +210,9 @@ class ResponseTier:
         exact = exact and matched  # a forged key's answer is written under neither key
         if not exact and self.semantic is None:
             return
-        data = self.token_bytes(item.output)
-        answer = data[: len(data) - item.trim].decode("utf-8", errors="replace")
+        # trimmed in the raw bytes, as the detokenizer trims what it sends: `trim` counts raw bytes, and a
+        # character cut by the stop string is one U+FFFD (3 bytes) once sanitized
+        answer = self.token_bytes(item.output, item.trim).decode("utf-8", errors="replace")
         if exact:
             self.cache.put(item.prompt_ids, item.params, answer, key.value)
         if self.semantic is not None:

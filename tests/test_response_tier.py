@@ -16,8 +16,9 @@ from scheduler.messages import EngineRequestParams
 GREEDY = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="tier-test")
 
 
-def letters(ids: list[int]) -> bytes:
-    return bytes(97 + t % 26 for t in ids)
+def letters(ids: list[int], trim_bytes: int = 0) -> bytes:
+    data = bytes(97 + t % 26 for t in ids)
+    return data[: len(data) - trim_bytes]
 
 
 def tier(redis_url: str, first_use: bool) -> tuple[ResponseTier, ExactResponseCache]:
