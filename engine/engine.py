@@ -605,7 +605,10 @@ class Engine:
     def _emit(self, state: _Active, final: bool) -> None:
         params = state.request.params
         ready, trim = state.stop.releasable(finished=final)
-        keep = final and state.done in ("stop", "length") and params.uses_response_cache
+        # an answer its slot cut short ("length" before max_tokens: prompt + max_tokens > max_len) is not
+        # what the parameters ask for; a paraphrase with a shorter prompt would be served it cut
+        complete = state.done == "stop" or (state.done == "length" and len(state.output) >= params.max_tokens)
+        keep = final and complete and params.uses_response_cache
         if keep and self.responses is not None:
             request = state.request
             self.responses.remember(
