@@ -207,10 +207,22 @@ def build_response_tier(
         re-encoded from it decodes to the same text."""
         return decoder.delta(list(ids), 0, True, trim_bytes)
 
+    special = {i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+
+    def prompt_text(ids: list[int]) -> str:
+        """A prompt as the semantic cache compares it: special tokens after the leading ones (BOS, a
+        template's opening) spelled out, since a prompt that wrote "<s>" or "<pad>" tokenizes to them:
+        dropped, "the <s> tag" and "the <pad> tag" were one question."""
+        start = 0
+        while start < len(ids) and ids[start] in special:
+            start += 1
+        return tokenizer.decode(list(ids[start:]), skip_special_tokens=False)
+
     return ResponseTier(
         cache,
         encode,
         answer_bytes,
+        prompt_text=prompt_text,
         semantic=semantic,
         first_use=config.response_cache_first_use,
         log=log,

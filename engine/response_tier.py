@@ -78,6 +78,7 @@ class ResponseTier:
         encode: Callable[[str], list[int]],
         token_bytes: Callable[[list[int], int], bytes],
         backlog: int = 1024,
+        prompt_text: Callable[[list[int]], str] | None = None,
         semantic: SemanticResponseCache | None = None,
         first_use: bool = True,
         sightings: int = 65536,
@@ -96,6 +97,7 @@ class ResponseTier:
         self.semantic = semantic
         self.encode = encode
         self.token_bytes = token_bytes
+        self.prompt_text = prompt_text or (lambda ids: token_bytes(ids, 0).decode("utf-8", errors="replace"))
         self._writes: WriteBehind[_Answer] = WriteBehind(self._write, "response-cache-writer", backlog)
 
     @property
@@ -122,7 +124,7 @@ class ResponseTier:
             else:  # another prompt's answer, never served nor counted: the prompt's own is asked for
                 text = self.cache.get(prompt_ids, params, key.value)
         if text is None and self.semantic is not None:
-            hit = self.semantic.lookup(self._prompt_text(prompt_ids), params.tenant, params)
+            hit = self.semantic.lookup(self.prompt_text(prompt_ids), params.tenant, params)
             text = None if hit is None else hit.answer
         found = ResponseLookup(None if text is None else self.encode(text), key)
         self._spent(began)
@@ -162,9 +164,6 @@ class ResponseTier:
         elapsed = time.perf_counter() - began
         with self._lock:
             self.request_seconds += elapsed
-
-    def _prompt_text(self, prompt_ids: list[int]) -> str:
-        return self.token_bytes(prompt_ids, 0).decode("utf-8", errors="replace")
 
     def remember(
         self,
@@ -216,4 +215,4 @@ class ResponseTier:
         if exact:
             self.cache.put(item.prompt_ids, item.params, answer, key.value)
         if self.semantic is not None:
-            self.semantic.store(self._prompt_text(item.prompt_ids), item.params.tenant, item.params, answer)
+            self.semantic.store(self.prompt_text(item.prompt_ids), item.params.tenant, item.params, answer)
