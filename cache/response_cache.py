@@ -68,17 +68,20 @@ def is_deterministic(params: EngineRequestParams) -> bool:
 def sampling_signature(params: EngineRequestParams) -> dict[str, Any]:
     """Every request parameter that changes the generated text, in canonical (JSON-stable) form.
 
-    The tenant is not in here; callers that key by tenant add it separately.
+    A greedy request's top_p, top_k and seed are left out (argmax ignores them), and so is
+    exclude_input_in_output: the caches hold the generated text only, and a hit puts the prompt in front
+    as the request asks. Either would only split one answer over several keys. The tenant is not in
+    here; callers that key by tenant add it separately.
     """
+    greedy = params.temperature == 0.0
     return {
         "max_tokens": int(params.max_tokens),
         "temperature": float(params.temperature),
-        "top_p": float(params.top_p),
-        "top_k": int(params.top_k),
-        "seed": None if params.seed is None else int(params.seed),
+        "top_p": 1.0 if greedy else float(params.top_p),
+        "top_k": 0 if greedy else int(params.top_k),
+        "seed": None if greedy or params.seed is None else int(params.seed),
         "stop": [str(s) for s in params.stop],
         "ignore_eos": bool(params.ignore_eos),
-        "exclude_input_in_output": bool(params.exclude_input_in_output),
     }
 
 

@@ -824,10 +824,8 @@ class SemanticResponseCache(RedisCacheBase):
 
     @staticmethod
     def signature(params: EngineRequestParams) -> str:
-        """Parameters that change the completion (exclude_input_in_output does not: see output_text)."""
-        sig = sampling_signature(params)
-        sig.pop("exclude_input_in_output")
-        return hashlib.sha256(canonical_json(sig)).hexdigest()[:32]
+        """Parameters that change the completion (`sampling_signature`)."""
+        return hashlib.sha256(canonical_json(sampling_signature(params))).hexdigest()[:32]
 
     @staticmethod
     def _checksum(

@@ -149,7 +149,7 @@ class Engine:
             self.recorder.observe_request(length, self._reserved_len(request))
         if self.responses is not None and request.params.uses_response_cache:
             found = self.responses.lookup(request.prompt_ids, request.params)
-            if found.tokens:
+            if found.tokens is not None:  # [] is a hit too: an answer whose first token ended it
                 self._answer_from_cache(request, found.tokens)
                 return
             request.response_key = found.key

@@ -436,3 +436,26 @@ def test_a_request_that_raises_as_it_starts_fails_alone_and_frees_its_slot(model
         assert engine.stats.finished["error"] == 1
     finally:
         engine.shutdown(1.0)
+
+
+def test_an_empty_cached_answer_is_served_not_generated_again(model, redis_server):
+    """An answer whose first token ended it is cached as ""; the engine took the [] it read back for a
+    miss, so the prompt was generated again on every request while the hit counter grew. Found in review."""
+    import uuid
+
+    from cache.response_cache import ExactResponseCache
+    from engine.response_tier import ResponseTier
+
+    engine = make_engine(model)
+    exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    engine.responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], lambda ids, trim: b"")
+    try:
+        sink = RecordingSink()
+        req = request([1, 5, 6], sink, temperature=0.0, stream=False)
+        assert exact.put(req.prompt_ids, req.params, "")
+        engine.submit(req)
+        run_until_idle(engine)
+        assert engine.stats.finished.get("cached") == 1 and engine.stats.prefill_steps == 0
+        assert sink.windows == [([1, 5, 6], 0, True)] and exact.snapshot()["hits"] == 1
+    finally:
+        engine.responses.close()
