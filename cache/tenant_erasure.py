@@ -36,7 +36,9 @@ TAKEN = ":erasing:"  # an index set an erasure took over: `<index>:erasing:<id>`
 
 # Entries of earlier key formats are never read again and expire by their TTL, but hold the tenant's
 # answers until then: an erasure deletes them too.
-LEGACY_PATTERNS = {"exact": "llm:resp:exact:v1:*:{tag}:*", "semantic": "llm:resp:sem:v1:*:{tag}:*"}
+# v1 names, as the v1 code wrote them: exact `llm:resp:exact:v1:<fp>:<tag>:<hash>`, semantic
+# `llm:resp:sem:v1:{<fp>:<tag>}:emb|doc|age|ver` (the braces are the keys' hash tag, literal in a pattern)
+LEGACY_PATTERNS = {"exact": "llm:resp:exact:v1:*:{tag}:*", "semantic": "llm:resp:sem:v1:{{*:{tag}}}:*"}
 
 
 def tenant_patterns(tenant: str) -> dict[str, tuple[str, ...]]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from scheduler.messages import MIN_TEMPERATURE
+
 
 class Sampler:
     """Selection state of one request."""
@@ -20,7 +22,7 @@ class Sampler:
         self.top_p = top_p
         self.top_k = top_k
         self.generator: torch.Generator | None = None
-        if temperature > 0.0:
+        if temperature >= MIN_TEMPERATURE:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(seed if seed is not None else secrets.randbits(63))
 

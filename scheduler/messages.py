@@ -7,12 +7,16 @@ They travel as UTF-8 JSON inside a UINT8 tensor, because the engine step must st
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 
 # Which caches a request may read and write. "use": all of them; "kv-only": the KV prefix tiers
 # (L1/L2/L3) but no response cache, so the answer is always generated afresh; "bypass": none (prompts
 # that must not persist; the baseline when measuring what the caches cost).
 CACHE_MODES: tuple[str, ...] = ("use", "bypass", "kv-only")
+# Below this a temperature is greedy (as in vLLM): logits divided by 1e-300 overflow float32 to inf, the
+# softmax is NaN and torch.multinomial raises, inside a step that decodes every running request
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,37 @@ class EngineRequestParams:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> EngineRequestParams:
+        """Parse and type-check: the engine model takes these bytes from whoever calls it, the scheduler
+        step or a client calling llm_engine directly, and a wrong type raised inside the engine step
+        (a temperature sent as a string), where it failed every running request. ValueError names it."""
         raw = json.loads(data.decode("utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError("request_params must be a JSON object")
+        hints = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(raw) - set(hints))
+        if unknown:
+            raise ValueError(f"request_params has unknown field(s) {unknown}")
+        for name, value in raw.items():
+            if not _FIELD_CHECKS[hints[name]](value):
+                raise ValueError(f"request_params.{name} must be {hints[name]}, got {json.dumps(value)}")
         raw["stop"] = tuple(raw.get("stop") or ())
         return cls(**raw)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+# the annotation of each field (a string: `from __future__ import annotations`) -> its check
+_FIELD_CHECKS = {
+    "int": _is_int,
+    "float": _is_finite,
+    "int | None": lambda v: v is None or _is_int(v),
+    "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import RequestError
-from scheduler.messages import CACHE_MODES, EngineRequestParams
+from scheduler.messages import CACHE_MODES, MIN_TEMPERATURE, EngineRequestParams
 from scheduler.tiers import TierTable
 
 SAMPLING_KEYS: tuple[str, ...] = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
@@ -192,7 +192,7 @@ def parse_sampling_parameters(raw: str | bytes | None, limits: Limits) -> dict[s
                 f"sampling_parameters.temperature must be a number in [0, {MAX_TEMPERATURE:g}] "
                 f"(0 = greedy), got {_show(value)}"
             )
-        out["temperature"] = float(value)
+        out["temperature"] = float(value) if value >= MIN_TEMPERATURE else 0.0  # greedy: see MIN_TEMPERATURE
     if "top_p" in given:
         value = given["top_p"]
         if not _is_number(value) or not 0.0 < value <= 1.0:

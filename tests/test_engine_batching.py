@@ -459,3 +459,20 @@ def test_an_empty_cached_answer_is_served_not_generated_again(model, redis_serve
         assert sink.windows == [([1, 5, 6], 0, True)] and exact.snapshot()["hits"] == 1
     finally:
         engine.responses.close()
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily_and_fails_nobody(model):
+    """A request sent to llm_engine directly is not validated by the scheduler step: temperature 1e-300
+    made the step's sampling raise, and the loop failed every running request. Found in review."""
+    engine = make_engine(model, slots=2)
+    engine.start()
+    try:
+        bystander, tiny = RecordingSink(), RecordingSink()
+        engine.submit(request([1, 5, 6, 7], bystander, "a", max_tokens=40))
+        assert wait_for(lambda: len(bystander.windows) >= 2, 20)
+        engine.submit(request([1, 8, 9], tiny, "b", temperature=1e-300, seed=1, max_tokens=6))
+        assert wait_for(lambda: tiny.finished and bystander.finished, 30)
+        assert not bystander.errors and not tiny.errors and len(tiny.tokens) == 6
+    finally:
+        engine.shutdown(1.0)
+    assert tiny.tokens == generate(make_engine(model), [1, 8, 9], max_tokens=6)  # greedy

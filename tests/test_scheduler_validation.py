@@ -85,6 +85,24 @@ def test_a_stop_string_that_is_not_unicode_text_is_refused_with_an_encodable_mes
     assert parse_sampling_parameters('{"stop": "\\ud83d\\ude00"}', LIMITS)["stop"] == ("\U0001f600",)
 
 
+def test_a_temperature_too_small_to_divide_by_is_greedy() -> None:
+    """1e-300 passed the range check; dividing float32 logits by it gave inf, NaN probabilities and a
+    torch.multinomial error inside the step that decodes every running request. Found in review."""
+    assert parse_sampling_parameters('{"temperature": 1e-300}', LIMITS)["temperature"] == 0.0
+    assert parse_sampling_parameters('{"temperature": 1e-5}', LIMITS)["temperature"] == 1e-5
+
+
+def test_engine_request_params_from_bytes_checks_every_type() -> None:
+    """llm_engine reads these bytes from whoever calls it; a temperature sent as a string raised in the
+    engine step. Found in review."""
+    params = EngineRequestParams(max_tokens=4, temperature=0.5, seed=3, stop=("x",), tenant="t")
+    assert EngineRequestParams.from_bytes(params.to_bytes()) == params
+    for bad in ('{"temperature": "0.7"}', '{"max_tokens": true}', '{"stop": "x"}', '{"seed": 1.5}', "[1]",
+                '{"tenant": 5}', '{"nope": 1}', '{"temperature": NaN}'):  # fmt: skip
+        with pytest.raises(ValueError):
+            EngineRequestParams.from_bytes(bad.encode())
+
+
 def test_malformed_json_quotes_position() -> None:
     msg = rejected('{"max_tokens": 5,, }')
     assert "not valid JSON" in msg and "line 1 column 18 (char 17)" in msg

@@ -158,15 +158,24 @@ def test_an_index_written_as_a_plain_set_before_is_still_erased(redis_server):
 
 
 def test_entries_of_the_earlier_key_formats_are_erased_too(redis_server):
-    """v1 exact and semantic entries are never read again but hold the tenant's answers until their TTL."""
+    """v1 exact and semantic entries are never read again but hold the tenant's answers until their TTL.
+    Named as the v1 code named them: the semantic ones in a hash tag, `{<fp>:<tag>}` (a pattern written
+    for `:<tag>:` matched none of them; found in review)."""
     from cache.response_cache import tenant_tag
 
     client = redis.Redis.from_url(redis_server)
     tenant, other = f"old-{uuid.uuid4().hex[:6]}", f"keep-{uuid.uuid4().hex[:6]}"
-    mine = [f"llm:resp:exact:v1:fp:{tenant_tag(tenant)}:abc", f"llm:resp:sem:v1:fp:{tenant_tag(tenant)}:doc"]
-    theirs = f"llm:resp:exact:v1:fp:{tenant_tag(other)}:abc"
-    for key in [*mine, theirs]:
+    fp = "0123456789abcdef|fedcba9876543210|float32|slot-kv-v1"
+
+    def v1_names(t: str) -> list[str]:
+        semantic = f"llm:resp:sem:v1:{{{fp}:{tenant_tag(t)}}}"
+        return [f"llm:resp:exact:v1:{fp}:{tenant_tag(t)}:abc"] + [
+            f"{semantic}:{k}" for k in ("emb", "doc", "age", "ver")
+        ]
+
+    mine, theirs = v1_names(tenant), v1_names(other)
+    for key in [*mine, *theirs]:
         client.set(key, b"an old answer", ex=600)
-    assert erase_tenant(client, tenant).keys == {"exact": 1, "semantic": 1, "l3": 0}
-    assert not client.exists(*mine) and client.exists(theirs)
+    assert erase_tenant(client, tenant).keys == {"exact": 1, "semantic": 4, "l3": 0}
+    assert not client.exists(*mine) and client.exists(*theirs) == len(theirs)
     client.close()
