@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import asdict
 from collections.abc import Sequence
@@ -21,7 +22,10 @@ from client.cache_report import as_dicts, format_rows, redis_memory, tier_rows
 from client.generate import GenerationError, GenerationResult, generate
 from client.metrics import scrape_metrics
 from client.prime import PrimeConfig, prime, prime_once
+from scheduler.errors import RequestError
 from scheduler.messages import CACHE_MODES
+from scheduler.tenant_auth import DEFAULT_TENANT, SECRET_ENV, tenant_token
+from scheduler.validation import validate_tenant
 from client.rewarm import rewarm
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
 
@@ -140,7 +144,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis-url", required=True, help="the Redis the replicas use, e.g. redis://redis:6379/0"
     )
     erase.add_argument("--dry-run", action="store_true", help="count the entries, delete nothing")
+    token = commands.add_parser(
+        "tenant-token",
+        help=f"print the token a client sends to act as a tenant (needs {SECRET_ENV})",
+        description=f"With {SECRET_ENV} set on the server, a request naming a tenant other than 'default' "
+        "must carry that tenant's token (input or request parameter tenant_token): an HMAC-SHA256 of the "
+        "name under the secret (scheduler/tenant_auth.py). Give it to that tenant's clients only.",
+    )
+    token.add_argument("tenant", help="the tenant, as its requests name it")
     return parser
+
+
+def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        print(f"error: {SECRET_ENV} is not set: set it to the servers' secret", file=err)
+        return 2
+    try:
+        tenant = validate_tenant(args.tenant)
+    except RequestError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    if tenant == DEFAULT_TENANT:
+        print(f"error: {DEFAULT_TENANT!r} is the shared tenant and needs no token", file=err)
+        return 2
+    print(tenant_token(secret, tenant), file=out)
+    return 0
 
 
 def run_forget_tenant(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -332,6 +361,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return run_cache(args, out, err)
     if args.command == "forget-tenant":
         return run_forget_tenant(args, out, err)
+    if args.command == "tenant-token":
+        return run_tenant_token(args, out, err)
     if args.command == "warmup":
         check_warmup_args(parser, args)
         if args.rewarm:

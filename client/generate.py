@@ -20,6 +20,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from scheduler.tenant_auth import token_from_env
 from scheduler.tiers import TierTable
 
 FINAL_PARAM = "triton_final_response"
@@ -66,8 +67,11 @@ def input_arrays(
     tier: str | None = None,
     tenant: str | None = None,
     cache: str | None = None,
+    tenant_token: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """The request tensors by name; optional inputs only when given, so server defaults apply."""
+    """The request tensors by name; optional inputs only when given, so server defaults apply. A named
+    tenant's token, when not given, is made from LLM_TENANT_SECRET if this process has it (the
+    operator's tools: warmup job, load generator, launcher)."""
     arrays: dict[str, np.ndarray] = {
         "text_input": np.array([prompt.encode("utf-8")], dtype=np.object_),
         "stream": np.array([bool(stream)], dtype=np.bool_),
@@ -81,6 +85,9 @@ def input_arrays(
         arrays["slo_tier"] = np.array([tier.encode("utf-8")], dtype=np.object_)
     if tenant is not None:
         arrays["tenant"] = np.array([tenant.encode("utf-8")], dtype=np.object_)
+    token = token_from_env(tenant) if tenant_token is None else tenant_token  # "": send none
+    if token:
+        arrays["tenant_token"] = np.array([token.encode("utf-8")], dtype=np.object_)
     if cache is not None:  # "use" (default), "kv-only" (no response cache) or "bypass" (no cache at all)
         arrays["cache"] = np.array([cache.encode("utf-8")], dtype=np.object_)
     return arrays
@@ -187,6 +194,7 @@ class StreamingSession:
         on_piece: PieceCallback | None = None,
         request_id: str | None = None,
         triton_priority: bool = True,
+        tenant_token: str | None = None,
     ) -> str:
         """Send one request without waiting; returns its request id.
 
@@ -195,7 +203,7 @@ class StreamingSession:
         """
         inputs = build_inputs(
             prompt, sampling=sampling, stream=stream, exclude_input_in_output=exclude_input_in_output,
-            tier=tier, tenant=tenant, cache=cache,
+            tier=tier, tenant=tenant, cache=cache, tenant_token=tenant_token,
         )  # fmt: skip
         rid = request_id or f"{self._prefix}-{next(self._ids)}"
         with self._lock:
@@ -363,12 +371,13 @@ def generate(
     model: str = "llm",
     on_piece: PieceCallback | None = None,
     timeout_s: float = 120.0,
+    tenant_token: str | None = None,
 ) -> GenerationResult:
     """Run one request to completion; raises GenerationError with the server's message on failure."""
     with StreamingSession(url, model=model) as session:
         rid = session.submit(
             prompt, sampling=sampling, stream=stream, exclude_input_in_output=exclude_input_in_output,
-            tier=tier, tenant=tenant, cache=cache, on_piece=on_piece,
+            tier=tier, tenant=tenant, cache=cache, on_piece=on_piece, tenant_token=tenant_token,
         )  # fmt: skip
         if not session.wait([rid], timeout_s):
             session.cancel()

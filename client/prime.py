@@ -34,6 +34,7 @@ class PrimeConfig:
     rounds: int = 2  # the first two requests after READY were the slow ones
     max_tokens: int = 2
     timeout_s: float = 60.0
+    tenant_token: str | None = None  # PRIME_TENANT's, for a server that authenticates tenants
 
 
 @dataclass
@@ -77,7 +78,13 @@ def prime(config: PrimeConfig) -> PrimeResult:
 def _send(session: StreamingSession, config: PrimeConfig, words: int, result: PrimeResult) -> str | None:
     """One priming request; its error, or None."""
     sampling = {"max_tokens": config.max_tokens, "temperature": 1.0, "ignore_eos": True}
-    rid = session.submit(prime_prompt(words), sampling=sampling, tier="warmup", tenant=PRIME_TENANT)
+    rid = session.submit(
+        prime_prompt(words),
+        sampling=sampling,
+        tier="warmup",
+        tenant=PRIME_TENANT,
+        tenant_token=config.tenant_token,
+    )
     result.requests += 1
     if not session.wait([rid], timeout_s=config.timeout_s):
         return f"no answer within {config.timeout_s:g} s"

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from scheduler.tenant_auth import token_from_env
+
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 DEFAULT_MIX: dict[str, float] = {"critical": 0.1, "warmup": 0.05, "standard": 0.55, "batch": 0.3}
 
@@ -214,13 +216,16 @@ def perf_analyzer_entry(request: PlannedRequest) -> dict[str, Any]:
     def tensor(value: Any) -> dict[str, Any]:
         return {"content": [value], "shape": [1]}
 
-    return {
+    entry = {
         "text_input": tensor(request.prompt),
         "stream": tensor(True),
         "sampling_parameters": tensor(json.dumps(request.sampling())),
         "slo_tier": tensor(request.tier),
         "tenant": tensor(request.tenant),
     }
+    if (token := token_from_env(request.tenant)) is not None:
+        entry["tenant_token"] = tensor(token)
+    return entry
 
 
 def export_perf_analyzer_json(requests: Sequence[PlannedRequest], path: str | Path) -> Path:

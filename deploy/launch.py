@@ -314,6 +314,7 @@ class Stack:
     triton_log: Path
     redis_log: Path | None
     create_times: dict[str, float] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict, repr=False)  # what the server got beyond ours
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -786,7 +787,8 @@ def start_stack(opts: StackOptions) -> Stack:
             triton_log,
             redis_log,
             {n: t for n, p in pids.items() if (t := _create_time(p)) is not None},
-            procs,
+            extra_env=dict(opts.extra_env),
+            _procs=procs,
         )
         # recorded at once, so `deploy.stop` can clean up even while models are still loading
         (run_dir / STACK_FILE).write_text(json.dumps(stack.to_json(), indent=2) + "\n")
@@ -810,11 +812,13 @@ def _prime(stack: Stack) -> None:
     """The serving path's first requests, sent here rather than by the first clients; a failure is
     logged, not raised (the replica serves, only its first requests may be slower)."""
     try:
-        from client.prime import PrimeConfig, prime  # tritonclient: imported only when priming
+        from client.prime import PRIME_TENANT, PrimeConfig, prime  # tritonclient: imported only when priming
+        from scheduler.tenant_auth import token_from_env
     except ImportError as exc:
         log(f"warning: not priming {PRIME_MODEL}: {exc}")
         return
-    result = prime(PrimeConfig(url=stack.grpc_url, model=PRIME_MODEL))
+    token = token_from_env(PRIME_TENANT, {**os.environ, **stack.extra_env})  # the server's secret, if any
+    result = prime(PrimeConfig(url=stack.grpc_url, model=PRIME_MODEL, tenant_token=token))
     if result.ok:
         log(f"primed {PRIME_MODEL}: {result.requests} requests in {result.seconds * 1000:.0f} ms")
     else:

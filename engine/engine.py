@@ -33,6 +33,7 @@ from engine.slo_feedback import SloFeedbackLoop
 from scheduler.admission import AdmissionController, EngineLoad
 from scheduler.feedback import FeedbackController
 from scheduler.preemption import Contender, PreemptionPolicy, RunningRequest
+from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import TierTable
 
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
@@ -101,6 +102,7 @@ class Engine:
         self.output_tokens = Ewma()
         self.feedback: SloFeedbackLoop | None = None
         self.responses: ResponseTier | None = None
+        self.tenant_auth = TenantAuth()  # the loader's reads LLM_TENANT_SECRET
         self._cache_stats_at = 0.0
         self._next_expiry_ns = NEVER  # the soonest a queued request expires (max_queue_ms); a bound
         self._cache_stats_lock = threading.Lock()
@@ -132,6 +134,7 @@ class Engine:
 
     def submit(self, request: EngineRequest) -> None:
         """Queue a request; raises RequestError when it can never run here."""
+        self.tenant_auth.check(request.params.tenant, request.params.tenant_token)
         length = len(request.prompt_ids)
         if length == 0:
             raise RequestError.invalid("input_ids is empty; send at least one token")

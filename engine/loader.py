@@ -40,6 +40,7 @@ from scheduler.admission import AdmissionController
 from scheduler.kv_pools import KVPoolPlan, plan_kv_pools, single_pool
 from scheduler.preemption import PreemptionPolicy
 from scheduler.errors import RequestError
+from scheduler.tenant_auth import SECRET_ENV, TenantAuth
 from scheduler.tiers import TierTable
 from scheduler.validation import validate_tenant
 from scheduler.warmup_planner import BucketPlan, plan_buckets, predict_reserve
@@ -340,6 +341,9 @@ def load_engine(
         preemption=PreemptionPolicy(config.max_preemptions) if config.preemption else None,
     )
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
+    engine.tenant_auth = TenantAuth.from_env()
+    if not engine.tenant_auth.enabled:
+        log(f"tenants are taken as named ({SECRET_ENV} unset): any client may act as any tenant")
     fingerprint = serving_fingerprint(model_dir, max_len, config.dtype)
     hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
     compile_cache: CompileCache | None = None

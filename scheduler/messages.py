@@ -39,6 +39,9 @@ class EngineRequestParams:
     # The exact response cache's key, hashed by the scheduler step so that the engine's process does not
     # (cache/response_cache.py: exact_key); "" when the step did not. The engine trusts it for a miss only.
     response_key: str = ""
+    # the tenant's token when the server authenticates tenants (scheduler/tenant_auth.py): the engine
+    # checks it too, since Triton serves llm_engine directly; never part of a cache key
+    tenant_token: str = ""
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_MODES:  # the JSON from the scheduler is checked on arrival too

@@ -4,11 +4,12 @@ hash the exact response-cache key."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from cache.response_cache import exact_key, is_deterministic
 from scheduler.messages import EngineRequestParams
 from scheduler.priority import assign
+from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import TierTable
 from scheduler.validation import Limits, build_request, validate_prompt
 
@@ -30,6 +31,7 @@ class SchedulerStep:
     # cacheable request's key here, in its own process, so that the engine's (the bottleneck under load,
     # its Python threads sharing one GIL) does not; the engine checks a key before a hit or a write.
     exact_fingerprint: str | None = None
+    tenant_auth: TenantAuth = field(default_factory=TenantAuth)  # disabled unless given a secret
 
     def prepare(
         self,
@@ -41,6 +43,7 @@ class SchedulerStep:
         tenant: str | bytes | None,
         now_ns: int,
         cache: str | bytes | None = None,
+        tenant_token: str | bytes | None = None,
     ) -> PreparedRequest:
         """Raises RequestError (INVALID_ARG) naming what was wrong and what is allowed."""
         ids = self.encode(validate_prompt(text))
@@ -57,6 +60,8 @@ class SchedulerStep:
             now_ns=now_ns,
             cache=cache,
         )
+        if token := self.tenant_auth.check(params.tenant, tenant_token):  # the engine checks it again
+            params = replace(params, tenant_token=token)
         if self.exact_fingerprint and params.uses_response_cache and is_deterministic(params):
             params = replace(params, response_key=exact_key(self.exact_fingerprint, ids, params))
         priority, deadline_ns = assign(self.tiers.get(params.tier), now_ns)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,12 @@ if str(REPO_ROOT) not in sys.path:
 MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
 
 from client.metrics import parse_metrics, scrape_metrics  # noqa: E402  (re-exported for tests)
+
+# The suite runs its servers as production should: tenants authenticated (scheduler/tenant_auth.py).
+# Set here, every stack a test starts inherits it, and the client helpers (client.generate, the warmup
+# job, perf_analyzer inputs) send the tokens of the tenants they name; tests of the unauthenticated
+# mode pass TenantAuth() or an environment without it.
+TENANT_SECRET = os.environ.setdefault("LLM_TENANT_SECRET", "ci-tenant-secret")
 
 __all__ = ["parse_metrics", "scrape_metrics", "wait_for"]
 

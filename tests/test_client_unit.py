@@ -56,6 +56,7 @@ def test_all_inputs() -> None:
     )  # fmt: skip
     assert list(got) == [
         "text_input", "stream", "sampling_parameters", "exclude_input_in_output", "slo_tier", "tenant",
+        "tenant_token",  # the suite's servers authenticate tenants (tests/conftest.py)
     ]  # fmt: skip
     assert got["stream"] == ("BOOL", [1], [False])
     assert json.loads(got["sampling_parameters"][2][0]) == {"max_tokens": 4, "stop": ["x"]}

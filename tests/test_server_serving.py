@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 
 from client.generate import GenerationError, StreamingSession, generate
 from client.metrics import metric_total, scrape_metrics
+from scheduler.tenant_auth import token_from_env
 from tests.conftest import wait_for
 
 GREEDY = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
@@ -285,7 +286,7 @@ def engine_tokens(grpc_url: str, prompt_ids: list[int], params: dict) -> list[in
         tokens: list[int] = []
         while True:
             result, error = results.get(timeout=60)
-            assert error is None, error
+            assert error is None, error.message()
             tokens = result.as_numpy("token_ids").tolist()  # not streamed: the final window holds them all
             if result.as_numpy("is_final")[0]:
                 return tokens
@@ -316,7 +317,7 @@ def test_a_key_forged_in_a_direct_engine_request_reads_no_other_tenants_answer(
     store = redis.Redis.from_url(redis_url)
     (victim_key,) = [k.decode() for k in store.scan_iter(f"llm:resp:exact:v2:*:{tenant_tag('victim')}:*")]
     params = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True, "tenant": "attacker",
-              "exclude_input_in_output": True}  # fmt: skip
+              "exclude_input_in_output": True, "tenant_token": token_from_env("attacker")}  # fmt: skip
     honest = engine_tokens(grpc_url, [1, 200, 300, 400], params)
     cached_before = engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
     forged = engine_tokens(grpc_url, [1, 200, 300, 400], {**params, "response_key": victim_key})
@@ -393,3 +394,23 @@ def test_cache_tier_counters_are_exported(grpc_url, metrics_url):
     assert {"l1", "l2", "l3", "exact"} <= set(tiers)
     assert tiers["l1"]["capacity"] == 256 and tiers["l1"]["hits"] >= 1 and tiers["l1"]["seconds_saved"] > 0
     assert tiers["exact"]["misses"] >= 1 and tiers["exact"]["errors"] == 0
+
+
+def test_a_tenant_is_taken_only_with_its_token(grpc_url, redis_url):
+    """Naming a tenant is not enough to read its answers: the suite's servers authenticate tenants
+    (LLM_TENANT_SECRET), through the ensemble and for requests sent to llm_engine directly."""
+    from scheduler.tenant_auth import tenant_token
+
+    prompt, sampling = "Tenant auth probe: the owner's own question", {"max_tokens": 5, "ignore_eos": True}
+    owner = generate(grpc_url, prompt, sampling=sampling, tenant="owner")  # the helper sends its token
+    assert owner.text and owner.error is None
+    for token in (None, "", tenant_token("another secret", "owner"), token_from_env("intruder")):
+        with pytest.raises(GenerationError, match="tenant_token|tenant 'owner' needs"):
+            generate(
+                grpc_url, prompt, sampling=sampling, tenant="owner", tenant_token=token or ""
+            )  # "": none
+    assert generate(grpc_url, prompt, sampling=sampling).text  # the shared default tenant needs none
+    params = {"max_tokens": 5, "temperature": 0.0, "ignore_eos": True, "tenant": "owner"}
+    with pytest.raises(AssertionError, match="tenant"):
+        engine_tokens(grpc_url, [1, 200, 300], params)  # straight to the engine, no token
+    assert engine_tokens(grpc_url, [1, 200, 300], {**params, "tenant_token": token_from_env("owner")})

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scheduler.tenant_auth import token_from_env
 from client.workload import (
     DEFAULT_MODEL_DIR,
     CorpusPrompts,
@@ -107,7 +108,8 @@ def test_perf_analyzer_json_shape(tmp_path: Path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     assert list(data) == ["data"] and len(data["data"]) == 2
     entry = data["data"][0]
-    assert set(entry) == {"text_input", "stream", "sampling_parameters", "slo_tier", "tenant"}
+    assert set(entry) == {"text_input", "stream", "sampling_parameters", "slo_tier", "tenant", "tenant_token"}
+    assert entry["tenant_token"]["content"] == [token_from_env("tenant-0")]  # the suite's secret is set
     assert all(v["shape"] == [1] and len(v["content"]) == 1 for v in entry.values())
     assert entry["text_input"]["content"] == ['say "hi"\nüñí']
     assert entry["stream"]["content"] == [True]

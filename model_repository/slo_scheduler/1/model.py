@@ -20,6 +20,7 @@ from adapters.triton_common import (
 )
 from scheduler.drain import DrainSwitch
 from scheduler.step import SchedulerStep
+from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import TierTable
 from scheduler.tokenize import PrefixTokenizer
 from scheduler.validation import Limits
@@ -60,6 +61,7 @@ class TritonPythonModel:
             ),
             tiers=tiers.for_device(params.get("device", "cpu")),
             exact_fingerprint=exact_fingerprint,
+            tenant_auth=TenantAuth.from_env(),
         )
         warm_s = warm_handler(
             self._one,
@@ -103,6 +105,7 @@ class TritonPythonModel:
                 tenant=_input_or_parameter(request, extra, "tenant"),
                 now_ns=time.time_ns(),
                 cache=_input_or_parameter(request, extra, "cache"),
+                tenant_token=_input_or_parameter(request, extra, "tenant_token"),
             )
         except Exception as exc:  # every failure becomes this request's error, never the server's
             return error_response(exc)

@@ -1,0 +1,124 @@
+"""Tenant authentication (scheduler/tenant_auth.py): with a server secret, a request acts as a named
+tenant only with that tenant's token, in the scheduler step and in the engine (which Triton serves
+directly too); without one, tenants are taken as named."""
+
+from __future__ import annotations
+
+import io
+import time
+import uuid
+
+import pytest
+
+from cache.response_cache import ExactResponseCache
+from client.__main__ import main as client_main
+from client.generate import input_arrays
+from scheduler.errors import RequestError
+from scheduler.step import SchedulerStep
+from scheduler.tenant_auth import SECRET_ENV, TenantAuth, tenant_token, token_from_env
+from scheduler.tiers import TierTable
+from scheduler.validation import Limits
+from tests.test_engine_batching import RecordingSink, make_engine, model, request, run_until_idle  # noqa: F401
+
+SECRET = b"a-server-secret"
+FP = "0123456789abcdef|fedcba9876543210|float32|slot-kv-v1"
+
+
+def step(auth: TenantAuth) -> SchedulerStep:
+    return SchedulerStep(
+        encode=lambda text: [1, *text.encode("utf-8")],
+        limits=Limits(max_prompt_tokens=1000, max_new_tokens=64),
+        tiers=TierTable.defaults(),
+        exact_fingerprint=FP,
+        tenant_auth=auth,
+    )
+
+
+def prepare(s: SchedulerStep, tenant: str | None, token: str | bytes | None = None):
+    return s.prepare("What did we decide?", '{"max_tokens": 8}', True, False, None, tenant, time.time_ns(),
+                     tenant_token=token)  # fmt: skip
+
+
+def test_tokens_are_per_tenant_and_per_secret():
+    token = tenant_token(SECRET, "acme")
+    assert len(token) == 64 and token == tenant_token(SECRET.decode(), "acme")
+    assert token not in (tenant_token(SECRET, "acme2"), tenant_token(b"other", "acme"))
+
+
+def test_without_a_secret_every_tenant_is_taken_as_named():
+    auth = TenantAuth.from_env({})
+    assert not auth.enabled and auth.check("acme", None) == "" and auth.check("acme", "junk") == ""
+
+
+@pytest.mark.parametrize(
+    "token", [None, "", "00" * 32, tenant_token(SECRET, "other"), tenant_token(b"x", "acme")]
+)
+def test_with_a_secret_a_named_tenant_needs_its_own_token(token):
+    auth = TenantAuth.from_env({SECRET_ENV: SECRET.decode()})
+    with pytest.raises(RequestError) as info:
+        auth.check("acme", token)
+    assert info.value.code == "INVALID_ARG" and "acme" in info.value.message
+    assert tenant_token(SECRET, "acme") not in info.value.message  # never echoed
+
+
+def test_with_a_secret_the_right_token_passes_and_default_needs_none():
+    auth = TenantAuth(SECRET)
+    token = tenant_token(SECRET, "acme")
+    assert auth.check("acme", token) == token and auth.check("acme", token.encode()) == token
+    assert auth.check("default", None) == ""
+
+
+def test_a_client_that_only_names_another_tenant_does_not_read_its_answers(redis_server):
+    """Found in review: the tenant was whatever the client wrote; a client naming tenant B read B's
+    cached answers through the public ensemble."""
+    cache = ExactResponseCache(redis_server, FP)
+    victim = f"victim-{uuid.uuid4().hex[:6]}"
+    s = step(TenantAuth(SECRET))
+    mine = prepare(s, victim, tenant_token(SECRET, victim))
+    assert mine.params.tenant_token == tenant_token(SECRET, victim)  # forwarded: the engine checks it too
+    assert cache.put(mine.input_ids, mine.params, "B's confidential answer", key=mine.params.response_key)
+    for forged in (None, b"", tenant_token(SECRET, "intruder"), tenant_token(b"guess", victim)):
+        with pytest.raises(RequestError):
+            prepare(s, victim, forged)
+    anonymous = prepare(s, None)
+    assert anonymous.params.tenant == "default" and anonymous.params.tenant_token == ""
+    assert cache.get(anonymous.input_ids, anonymous.params, anonymous.params.response_key) is None
+    unauthenticated = prepare(step(TenantAuth()), victim)  # the same key without the check: the token is
+    assert unauthenticated.params.response_key == mine.params.response_key  # in no cache key
+    cache.close()
+
+
+def test_the_engine_refuses_a_direct_request_for_a_tenant_without_its_token(model):  # noqa: F811
+    engine = make_engine(model)
+    engine.tenant_auth = TenantAuth(SECRET)
+    for token in ("", tenant_token(SECRET, "someone-else")):
+        with pytest.raises(RequestError) as info:
+            engine.submit(request([1, 5, 6], RecordingSink(), tenant="acme", tenant_token=token))
+        assert info.value.code == "INVALID_ARG"
+    sink = RecordingSink()
+    engine.submit(request([1, 5, 6], sink, tenant="acme", tenant_token=tenant_token(SECRET, "acme")))
+    engine.submit(request([1, 5, 7], RecordingSink(), "d"))  # default: no token
+    run_until_idle(engine)
+    assert sink.finished and not sink.errors and engine.stats.finished["length"] == 2
+
+
+def test_operator_tools_send_the_token_of_the_tenant_they_name(monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+    arrays = input_arrays("hi", tenant="acme")
+    assert arrays["tenant_token"].tolist() == [tenant_token(SECRET, "acme").encode()]
+    assert "tenant_token" not in input_arrays("hi") and "tenant_token" not in input_arrays(
+        "hi", tenant="default"
+    )
+    assert "tenant_token" not in input_arrays("hi", tenant="acme", tenant_token="")  # "": none, as asked
+    assert token_from_env("acme", {}) is None
+
+
+def test_the_tenant_token_command(monkeypatch):
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert client_main(["tenant-token", "acme"], out, err) == 2 and SECRET_ENV in err.getvalue()
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+    assert client_main(["tenant-token", "acme"], out, err) == 0
+    assert out.getvalue().strip() == tenant_token(SECRET, "acme")
+    assert client_main(["tenant-token", "a b"], io.StringIO(), err) == 2
+    assert client_main(["tenant-token", "default"], io.StringIO(), err) == 2
