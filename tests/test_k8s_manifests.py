@@ -104,7 +104,7 @@ def test_the_pods_l2_fits_the_memory_limit_the_engine_checks_it_against(server) 
     """The engine refuses an L2 beyond HOST_SHARE of what its cgroup leaves: the manifest must not ask
     for one, or every replica fails its load."""
     container = server["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    env = {item["name"]: item["value"] for item in container["env"]}
+    env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
     l2 = parse_memory("l2_cache_memory", env["LLM_L2_CACHE_MEMORY"])
     assert parse_memory("prefix_cache_memory", env["LLM_PREFIX_CACHE_MEMORY"]) > 0
     limit = parse_memory("memory", container["resources"]["limits"]["memory"])
@@ -143,3 +143,17 @@ def test_the_schema_check_catches_a_misspelled_field(server) -> None:
     container["resources"]["limit"] = container["resources"].pop("limits")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_servers_and_the_warmup_job_read_one_tenant_secret(server) -> None:
+    """The job's tokens are made from the secret the servers check them against (scheduler/tenant_auth)."""
+    from scheduler.tenant_auth import SECRET_ENV
+
+    job = yaml.safe_load_all((DOCKER / "k8s" / "warmup-cronjob.yaml").read_text())
+    cron = next(doc for doc in job if doc and doc["kind"] == "CronJob")
+    pods = [
+        server["Deployment"]["spec"]["template"]["spec"]["containers"][0],
+        cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0],
+    ]
+    refs = [{e["name"]: e.get("valueFrom") for e in pod["env"]}[SECRET_ENV] for pod in pods]
+    assert refs[0] == refs[1] and refs[0]["secretKeyRef"]["name"]
