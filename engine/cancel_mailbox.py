@@ -10,8 +10,19 @@ sharing a machine apart.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+
+
+def request_keys() -> Iterator[int]:
+    """The engine's request keys: random 63-bit numbers, not a counter. A key names the request a
+    detokenizer request may cancel, and Triton serves the detokenizer to anyone: with counted keys a
+    client read its own key off a direct llm_engine reply and cancelled the next ones, other tenants'
+    streams (they ended short, without an error). Found in review."""
+    while True:
+        yield secrets.randbits(63) or 1
 
 
 class CancelMailbox:

@@ -33,11 +33,13 @@ from engine.slo_feedback import SloFeedbackLoop
 from scheduler.admission import AdmissionController, EngineLoad
 from scheduler.feedback import FeedbackController
 from scheduler.preemption import Contender, PreemptionPolicy, RunningRequest
+from scheduler.priority import assign
 from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import TierTable
 
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
 NEVER = 2**63 - 1
+MAX_HOP_NS = 1_000_000_000  # scheduler step to engine: an arrival claimed earlier than this is not believed
 
 
 @dataclass
@@ -148,6 +150,7 @@ class Engine:
                 f"input_ids holds {low if low < 0 else high}; token ids are 0 to {self.runner.vocab_size - 1}"
             )
         request.received_ns = request.received_ns or time.time_ns()
+        self._bound_precedence(request)
         if self.recorder is not None and request.params.tier != "warmup":  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))
         if self.responses is not None and request.params.uses_response_cache:
@@ -172,6 +175,18 @@ class Engine:
             self._next_expiry_ns = min(self._next_expiry_ns, NEVER if expires is None else expires)
             request.scheduling_ns += time.perf_counter_ns() - began
             self._lock.notify()
+
+    def _bound_precedence(self, request: EngineRequest) -> None:
+        """No more precedence than the request's tier gives: priority and deadline come as inputs of
+        llm_engine, which Triton serves to anyone, and a direct request with priority 0 went before every
+        tenant's critical traffic. The scheduler step's values are these already (its arrival is at most
+        a hop earlier); an arrival claimed further back counts from `MAX_HOP_NS` before this one."""
+        tier = self.tiers.get(request.params.tier)  # an unknown tier: INVALID_ARG
+        received = request.received_ns
+        arrival = min(max(request.params.arrival_ns or received, received - MAX_HOP_NS), received)
+        priority, deadline_ns = assign(tier, arrival)
+        request.priority = max(request.priority, priority)
+        request.deadline_ns = max(request.deadline_ns, deadline_ns)
 
     def _answer_from_cache(self, request: EngineRequest, output: list[int]) -> None:
         """A response-cache hit: one final window, no slot, no model call."""

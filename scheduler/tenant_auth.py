@@ -7,8 +7,10 @@ the name under the secret, which the operator issues (`python -m client tenant-t
 client cannot compute. Both the scheduler step and the engine check it: Triton serves `llm_engine`
 directly too. `default` needs no token: it is the shared tenant of unauthenticated traffic.
 
-Without a secret every named tenant is taken as given (development, or a gateway in front that sets
-the tenant itself); the engine logs that once when it loads.
+Without a secret every named tenant is taken as given (development, or every client trusted); the
+engine logs that once when it loads. A gateway that assigns tenants needs the secret too (it sends the
+tokens): the `tenant` input and request parameter both come from the client, and a header Triton
+forwards as a parameter loses to the client's own `tenant` tensor.
 """
 
 from __future__ import annotations

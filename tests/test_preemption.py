@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -10,6 +11,7 @@ from engine.engine import Engine
 from engine.model_runner import ModelRunner
 from engine.prefix_cache import PrefixCache
 from scheduler.preemption import Contender, PreemptionPolicy, RunningRequest
+from scheduler.tiers import TierTable
 from tests.test_engine_batching import BUCKETS, EOS, RecordingSink, model, request, run_until_idle  # noqa: F401
 
 FAR = 2**62  # a deadline nobody misses (wall-clock ns)
@@ -55,9 +57,18 @@ def test_free_slot_means_no_preemption_and_bad_settings_are_refused():
 # ----- engine -------------------------------------------------------------------------------------
 
 
+# The engine bounds a request's deadline by its tier's (arrival + ttft_target_ms): a critical target of
+# 1 ms makes the critical requests below due at once, which the tiny model's decode could otherwise meet
+URGENT_TIERS = TierTable(
+    tuple(replace(t, ttft_target_ms=1.0) if t.name == "critical" else t for t in TierTable.defaults().tiers)
+)
+
+
 def make_engine(model, slots=1, prefix_cache=False, policy=PreemptionPolicy()) -> Engine:  # noqa: F811
     runner = ModelRunner(model, slots=slots, max_len=128, kv_buckets=BUCKETS)
-    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, preemption=policy)
+    engine = Engine(
+        runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, preemption=policy, tiers=URGENT_TIERS
+    )
     if prefix_cache:
         engine.prefix_cache = PrefixCache(runner, 32, 16, "fingerprint")
     return engine
@@ -80,11 +91,30 @@ def test_critical_overtakes_a_running_batch_request_which_resumes_unchanged(mode
     engine = make_engine(model, prefix_cache=prefix_cache)
     batch, critical = RecordingSink(), RecordingSink()
     engine.submit(
-        request(BATCH_PROMPT, batch, rid="batch", priority=4, deadline=FAR, max_tokens=30, **sampling)
+        request(
+            BATCH_PROMPT,
+            batch,
+            rid="batch",
+            priority=4,
+            tier="batch",
+            deadline=FAR,
+            max_tokens=30,
+            **sampling,
+        )
     )
     for _ in range(5):
         engine.step()
-    engine.submit(request([1, 7, 8], critical, rid="crit", priority=1, deadline=time.time_ns(), max_tokens=3))
+    engine.submit(
+        request(
+            [1, 7, 8],
+            critical,
+            rid="crit",
+            priority=1,
+            tier="critical",
+            deadline=time.time_ns(),
+            max_tokens=3,
+        )
+    )
     while not critical.finished:
         engine.step()
     assert not batch.finished, "the critical request finished while the batch request still had work"
@@ -99,11 +129,17 @@ def test_critical_overtakes_a_running_batch_request_which_resumes_unchanged(mode
 def test_a_suspended_request_that_bypasses_the_caches_leaves_nothing_in_them(model):  # noqa: F811
     engine = make_engine(model, prefix_cache=True)
     batch, critical = RecordingSink(), RecordingSink()
-    params = {"priority": 4, "deadline": FAR, "max_tokens": 30, "cache": "bypass"}
+    params = {"priority": 4, "tier": "batch", "deadline": FAR, "max_tokens": 30, "cache": "bypass"}
     engine.submit(request(BATCH_PROMPT, batch, rid="batch", **params))
     for _ in range(5):
         engine.step()
-    urgent = {"priority": 1, "deadline": time.time_ns(), "max_tokens": 3, "cache": "bypass"}
+    urgent = {
+        "priority": 1,
+        "tier": "critical",
+        "deadline": time.time_ns(),
+        "max_tokens": 3,
+        "cache": "bypass",
+    }
     engine.submit(request([1, 7, 8], critical, rid="crit", **urgent))
     run_until_idle(engine)
     assert engine.stats.preemptions == 1 and engine.stats.resumes == 1
@@ -113,9 +149,13 @@ def test_a_suspended_request_that_bypasses_the_caches_leaves_nothing_in_them(mod
 def test_no_preemption_when_the_deadline_allows_waiting(model):  # noqa: F811
     engine = make_engine(model)
     batch, standard = RecordingSink(), RecordingSink()
-    engine.submit(request(BATCH_PROMPT, batch, rid="batch", priority=4, deadline=FAR, max_tokens=10))
+    engine.submit(
+        request(BATCH_PROMPT, batch, rid="batch", priority=4, tier="batch", deadline=FAR, max_tokens=10)
+    )
     engine.step()
-    engine.submit(request([1, 7, 8], standard, rid="std", priority=3, deadline=FAR, max_tokens=3))
+    engine.submit(
+        request([1, 7, 8], standard, rid="std", priority=3, tier="standard", deadline=FAR, max_tokens=3)
+    )
     run_until_idle(engine)
     assert engine.stats.preemptions == 0
     assert batch.windows[-1][2] and standard.windows[-1][2]
@@ -124,9 +164,13 @@ def test_no_preemption_when_the_deadline_allows_waiting(model):  # noqa: F811
 def test_preemption_off_keeps_the_slot(model):  # noqa: F811
     engine = make_engine(model, policy=None)
     batch, critical = RecordingSink(), RecordingSink()
-    engine.submit(request(BATCH_PROMPT, batch, rid="batch", priority=4, deadline=FAR, max_tokens=10))
+    engine.submit(
+        request(BATCH_PROMPT, batch, rid="batch", priority=4, tier="batch", deadline=FAR, max_tokens=10)
+    )
     engine.step()
-    engine.submit(request([1, 7, 8], critical, rid="crit", priority=1, deadline=0, max_tokens=3))
+    engine.submit(
+        request([1, 7, 8], critical, rid="crit", priority=1, tier="critical", deadline=0, max_tokens=3)
+    )
     while not critical.windows:
         engine.step()
     assert batch.finished and engine.stats.preemptions == 0
@@ -135,11 +179,21 @@ def test_preemption_off_keeps_the_slot(model):  # noqa: F811
 def test_a_request_is_suspended_at_most_max_preemptions_times(model):  # noqa: F811
     engine = make_engine(model, policy=PreemptionPolicy(max_preemptions=1))
     batch = RecordingSink()
-    engine.submit(request(BATCH_PROMPT, batch, rid="batch", priority=4, deadline=FAR, max_tokens=40))
+    engine.submit(
+        request(BATCH_PROMPT, batch, rid="batch", priority=4, tier="batch", deadline=FAR, max_tokens=40)
+    )
     engine.step()
     for i in range(3):
         engine.submit(
-            request([1, 7, 8 + i], RecordingSink(), rid=f"crit{i}", priority=1, deadline=0, max_tokens=2)
+            request(
+                [1, 7, 8 + i],
+                RecordingSink(),
+                rid=f"crit{i}",
+                priority=1,
+                tier="critical",
+                deadline=0,
+                max_tokens=2,
+            )
         )
         for _ in range(4):
             engine.step()
@@ -151,9 +205,13 @@ def test_a_request_is_suspended_at_most_max_preemptions_times(model):  # noqa: F
 def test_cancelling_a_suspended_request_frees_it(model):  # noqa: F811
     engine = make_engine(model)
     batch, critical = RecordingSink(), RecordingSink()
-    engine.submit(request(BATCH_PROMPT, batch, rid="batch", priority=4, deadline=FAR, max_tokens=30))
+    engine.submit(
+        request(BATCH_PROMPT, batch, rid="batch", priority=4, tier="batch", deadline=FAR, max_tokens=30)
+    )
     engine.step()
-    engine.submit(request([1, 7, 8], critical, rid="crit", priority=1, deadline=0, max_tokens=6))
+    engine.submit(
+        request([1, 7, 8], critical, rid="crit", priority=1, tier="critical", deadline=0, max_tokens=6)
+    )
     engine.step()
     assert engine.stats.preemptions == 1
     batch.cancel = True

@@ -1,6 +1,5 @@
 """Triton adapter for the engine: DLPack tensors in, streamed token windows out (numpy-free)."""
 
-import itertools
 import os
 import threading
 from dataclasses import asdict
@@ -12,7 +11,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 from adapters.engine_metrics import TritonEngineObserver
 from adapters.stub_messages import serialized, serialized_log
 from adapters.triton_common import log_event, model_parameters, triton_error
-from engine.cancel_mailbox import CancelMailbox
+from engine.cancel_mailbox import CancelMailbox, request_keys
 from engine.cancel_poll import ENGINE_CANCEL_POLL_S, PollSchedule, ThrottledCancelCheck
 from engine.config import EngineConfig
 from engine.loader import load_engine
@@ -89,7 +88,7 @@ class TritonPythonModel:
         self.namespace = os.getpid()
         mailbox = CancelMailbox(self.config.cancel_dir)
         mailbox.open_inbox(self.namespace)
-        self.keys = itertools.count(1)
+        self.keys = request_keys()
         loaded = load_engine(
             self.config,
             observer,
