@@ -48,6 +48,19 @@ class RecordingSink:
         return bool(self.errors) or any(final for *_, final in self.windows)
 
 
+class OrderSink(RecordingSink):
+    """Notes its name in `order` when its first window comes: the order requests were served in."""
+
+    def __init__(self, name: str, order: list[str]):
+        super().__init__()
+        self.name, self.order = name, order
+
+    def send(self, token_ids, read_offset, final, trim_bytes=0):
+        if not self.windows:
+            self.order.append(self.name)
+        super().send(token_ids, read_offset, final, trim_bytes)
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
@@ -317,18 +330,7 @@ def test_queue_policies_order_the_same_arrivals_differently(model, policy, expec
     runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
     engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, queue_policy=policy)
     order: list[str] = []
-
-    class OrderSink(RecordingSink):
-        def __init__(self, name):
-            super().__init__()
-            self.name = name
-
-        def send(self, token_ids, read_offset, final, trim_bytes=0):
-            if not self.windows:
-                order.append(self.name)
-            super().send(token_ids, read_offset, final, trim_bytes)
-
-    engine.submit(request([1, 2], OrderSink("blocker"), rid="blocker", max_tokens=2))
+    engine.submit(request([1, 2], OrderSink("blocker", order), rid="blocker", max_tokens=2))
     engine.step()
     # deadlines past every tier's own (arrival + ttft_target_ms, which the engine bounds them by), in the
     # order the test needs: EDF alone would serve the batch request first
@@ -339,7 +341,7 @@ def test_queue_policies_order_the_same_arrivals_differently(model, policy, expec
     )  # fmt: skip
     for received, (rid, tier, priority, deadline) in enumerate(arrivals, start=1):
         due = base + deadline
-        item = request([1, 2], OrderSink(rid), rid=rid, priority=priority, deadline=due, tier=tier)
+        item = request([1, 2], OrderSink(rid, order), rid=rid, priority=priority, deadline=due, tier=tier)
         item.received_ns = time.time_ns() + received  # in this order, and not expired (max_queue_ms)
         engine.submit(item)
     run_until_idle(engine)
@@ -492,24 +494,13 @@ def test_a_direct_request_gets_no_more_precedence_than_its_tier(model):
     runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
     engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS)
     first: list[str] = []
-
-    class FirstSink(RecordingSink):
-        def __init__(self, name):
-            super().__init__()
-            self.name = name
-
-        def send(self, token_ids, read_offset, final, trim_bytes=0):
-            if not self.windows:
-                first.append(self.name)
-            super().send(token_ids, read_offset, final, trim_bytes)
-
-    engine.submit(request([1, 2], FirstSink("blocker"), rid="blocker", max_tokens=2))
+    engine.submit(request([1, 2], OrderSink("blocker", first), rid="blocker", max_tokens=2))
     engine.step()
-    jumper = request([1, 3], FirstSink("jumper"), rid="jumper", priority=0, deadline=0, tier="batch")
+    jumper = request([1, 3], OrderSink("jumper", first), rid="jumper", priority=0, deadline=0, tier="batch")
     engine.submit(jumper)
-    now = time.time_ns()
-    engine.submit(request([1, 4], FirstSink("crit"), rid="crit", priority=1, deadline=now + 120_000_000,
-                          tier="critical"))  # fmt: skip
+    due = time.time_ns() + 120_000_000
+    critical = request([1, 4], OrderSink("crit", first), "crit", priority=1, deadline=due, tier="critical")
+    engine.submit(critical)
     assert jumper.priority == 4 and jumper.deadline_ns >= jumper.received_ns + 5_000_000_000
     run_until_idle(engine)
     assert first == ["blocker", "crit", "jumper"]

@@ -14,13 +14,13 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
 from conftest import MODEL_DIR
-from engine.config import EngineConfig
 from engine.detokenize import TokenDecoder
 from engine.engine import Engine
 from engine.loader import build_response_tier
 from engine.model_runner import ModelRunner
 from scheduler.messages import EngineRequestParams
 from tests.test_engine_batching import RecordingSink, request, run_until_idle
+from tests.test_response_tier_special_tokens import semantic_tier_config
 
 MAX_LEN = 48
 
@@ -36,13 +36,7 @@ def engine(redis_server):
     runner = ModelRunner(model, slots=2, max_len=MAX_LEN, kv_buckets=(16, 32))
     decoder = TokenDecoder.from_model_dir(MODEL_DIR)
     engine = Engine(runner, lambda t: decoder.raw_bytes([t]), {1}, (16, 32))
-    config = EngineConfig(
-        model_dir=str(MODEL_DIR),
-        redis_url=redis_server,
-        response_cache_first_use=True,
-        semantic_cache=True,
-        redis_key_directory=False,
-    )
+    config = semantic_tier_config(redis_server)
     fingerprint = f"fp-{uuid.uuid4().hex[:8]}"
     engine.new_tier = lambda: build_response_tier(config, fingerprint, MODEL_DIR, decoder, lambda m: None)
     engine.responses = engine.new_tier()

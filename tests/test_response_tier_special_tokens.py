@@ -15,14 +15,19 @@ from engine.loader import build_response_tier
 from scheduler.messages import EngineRequestParams
 
 
-def test_prompts_differing_only_in_a_special_token_spelling_do_not_share_a_semantic_answer(redis_server):
-    config = EngineConfig(
+def semantic_tier_config(redis_url: str) -> EngineConfig:
+    """The tiny model's response tier with the semantic cache on, every answer written at once."""
+    return EngineConfig(
         model_dir=str(MODEL),
-        redis_url=redis_server,
+        redis_url=redis_url,
         response_cache_first_use=True,
         semantic_cache=True,
         redis_key_directory=False,
     )
+
+
+def test_prompts_differing_only_in_a_special_token_spelling_do_not_share_a_semantic_answer(redis_server):
+    config = semantic_tier_config(redis_server)
     decoder = TokenDecoder.from_model_dir(MODEL)
     tier = build_response_tier(config, f"fp-{uuid.uuid4().hex[:8]}", MODEL, decoder, lambda m: None)
     assert tier is not None and tier.semantic is not None, "semantic cache must be on for this test"
