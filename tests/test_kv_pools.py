@@ -54,10 +54,10 @@ def test_bad_slot_count_is_refused():
         plan_kv_pools(HEAVY_TAIL, 0, MAX_LEN, PLAN_BUCKETS)
 
 
-def pooled_engine(model, pools, prefix_cache=False) -> Engine:  # noqa: F811
+def pooled_engine(model, pools, prefix_cache=False, tiers=None) -> Engine:  # noqa: F811
     slots = sum(count for _, count in pools)
     runner = ModelRunner(model, slots=slots, max_len=128, kv_buckets=BUCKETS, pools=pools)
-    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS)
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, tiers=tiers)
     if prefix_cache:
         engine.prefix_cache = PrefixCache(runner, 64, 4, "fp")
     return engine
@@ -142,14 +142,15 @@ def test_preemption_takes_a_slot_long_enough_for_the_urgent_request(model):  # n
 
     from scheduler.preemption import PreemptionPolicy
 
-    engine = pooled_engine(model, [(32, 1), (128, 1)])
+    from tests.test_preemption import URGENT_TIERS
+
+    engine = pooled_engine(model, [(32, 1), (128, 1)], tiers=URGENT_TIERS)  # critical due within 1 ms
     engine.preemption = PreemptionPolicy()
     short_batch, long_batch, critical = RecordingSink(), RecordingSink(), RecordingSink()
     far = time.time_ns() + 3600 * 10**9
-    engine.submit(request([1, 2, 3], short_batch, rid="short", priority=4, deadline=far, max_tokens=25))
-    engine.submit(
-        request([1, *range(10, 40)], long_batch, rid="long", priority=4, deadline=far, max_tokens=40)
-    )
+    batch = {"priority": 4, "tier": "batch", "deadline": far}
+    engine.submit(request([1, 2, 3], short_batch, rid="short", max_tokens=25, **batch))
+    engine.submit(request([1, *range(10, 40)], long_batch, rid="long", max_tokens=40, **batch))
     engine.step()
     slots = {s.request.request_id: s.slot for s in engine._active.values()}
     assert (
@@ -157,7 +158,11 @@ def test_preemption_takes_a_slot_long_enough_for_the_urgent_request(model):  # n
         and engine.runner.slot_capacity(slots["long"]) == 128
     )
     urgent = [1, *range(50, 80)]  # 31 tokens + 8: only the long slot holds it
-    engine.submit(request(urgent, critical, rid="crit", priority=1, deadline=time.time_ns(), max_tokens=8))
+    engine.submit(
+        request(
+            urgent, critical, rid="crit", priority=1, tier="critical", deadline=time.time_ns(), max_tokens=8
+        )
+    )
     engine.step()
     assert engine.stats.preemptions == 1 and "long" in engine._suspended and "short" not in engine._suspended
     run_until_idle(engine)
