@@ -623,14 +623,20 @@ class Engine:
     def _emit(self, state: _Active, final: bool) -> None:
         params = state.request.params
         ready, trim = state.stop.releasable(finished=final)
-        # an answer its slot cut short ("length" before max_tokens: prompt + max_tokens > max_len) is not
-        # what the parameters ask for; a paraphrase with a shorter prompt would be served it cut
-        complete = state.done == "stop" or (state.done == "length" and len(state.output) >= params.max_tokens)
-        keep = final and complete and params.uses_response_cache
+        keep = final and state.done in ("stop", "length") and params.uses_response_cache
         if keep and self.responses is not None:
             request = state.request
+            # an answer its slot cut short ("length" before max_tokens: prompt + max_tokens > max_len) is
+            # what this prompt gets again (the exact key holds it), not what a paraphrase with a shorter
+            # prompt would: the semantic cache does not keep it
+            cut = state.done == "length" and len(state.output) < params.max_tokens
             self.responses.remember(
-                request.prompt_ids, params, state.output[:ready], trim, request.response_key
+                request.prompt_ids,
+                params,
+                state.output[:ready],
+                trim,
+                request.response_key,
+                paraphrases=not cut,
             )
         if params.stream:
             if ready <= state.sent and not final:

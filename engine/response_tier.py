@@ -69,6 +69,7 @@ class _Answer:
     trim: int
     key: ResponseKey | None
     exact: bool | None
+    paraphrases: bool = True  # whether the semantic cache may keep it for other prompts
 
 
 class ResponseTier:
@@ -172,14 +173,17 @@ class ResponseTier:
         output: list[int],
         trim: int,
         key: ResponseKey | None = None,
+        paraphrases: bool = True,
     ) -> None:
-        """Write the answer behind; `key`: the one the request's `lookup` returned, if any."""
+        """Write the answer behind; `key`: the one the request's `lookup` returned, if any; `paraphrases`:
+        whether it answers other wordings too (the semantic cache), not only this prompt."""
         if not self.cache.cacheable(params):
             return
         began = time.perf_counter()
         exact = None if key is None else self._admit(key.value, params)
-        if exact is not False or self.semantic is not None:  # else nothing to write: the writer sleeps on
-            self._writes.submit(_Answer(prompt_ids, params, output, trim, key, exact))
+        semantic = self.semantic is not None and paraphrases
+        if exact is not False or semantic:  # else nothing to write: the writer sleeps on
+            self._writes.submit(_Answer(prompt_ids, params, output, trim, key, exact, paraphrases))
         self._spent(began)
 
     def _admit(self, key: str, params: EngineRequestParams) -> bool:
@@ -207,12 +211,13 @@ class ResponseTier:
             key, matched = self._checked(key, item.prompt_ids, item.params)
         exact = self._admit(key.value, item.params) if item.exact is None else item.exact
         exact = exact and matched  # a forged key's answer is written under neither key
-        if not exact and self.semantic is None:
+        semantic = self.semantic is not None and item.paraphrases
+        if not exact and not semantic:
             return
         # trimmed in the raw bytes, as the detokenizer trims what it sends: `trim` counts raw bytes, and a
         # character cut by the stop string is one U+FFFD (3 bytes) once sanitized
         answer = self.token_bytes(item.output, item.trim).decode("utf-8", errors="replace")
         if exact:
             self.cache.put(item.prompt_ids, item.params, answer, key.value)
-        if self.semantic is not None:
+        if semantic:
             self.semantic.store(self.prompt_text(item.prompt_ids), item.params.tenant, item.params, answer)

@@ -1,7 +1,8 @@
 """An answer cut short by its slot ("length" before max_tokens, because prompt + max_tokens exceeds
-max_len) is not kept by the response caches. The semantic signature holds max_tokens, but the cut
-depends on the stored prompt's length, which a match does not see: a paraphrase with a shorter prompt,
-whose own generation runs to max_tokens, was served the cut answer. Found in review."""
+max_len) is kept by the exact cache only: its own prompt is cut the same way again. The semantic
+signature holds max_tokens, but the cut depends on the stored prompt's length, which a match does not
+see: a paraphrase with a shorter prompt, whose own generation runs to max_tokens, was served the cut
+answer. Found in review (and that the exact cache then lost such answers, in a second review)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,7 @@ def test_an_answer_cut_by_its_slot_is_not_kept_for_a_paraphrase(engine):
     text = TokenDecoder.from_model_dir(MODEL_DIR).delta
     assert engine.stats.finished.get("cached", 0) == 1
     assert text(again.tokens, 0, True) == text(own.tokens, 0, True)  # re-encoded text: its own ids
+
+    repeat = run(engine, long_q, params)  # the cut prompt itself: cut the same way, so the exact cache has it
+    assert engine.stats.finished.get("cached", 0) == 2, "the exact cache lost a deterministic answer"
+    assert text(repeat.tokens, 0, True) == text(cut.tokens, 0, True)
