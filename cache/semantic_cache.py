@@ -823,9 +823,13 @@ class SemanticResponseCache(RedisCacheBase):
         return [f"{p}:emb", f"{p}:doc", f"{p}:age", f"{p}:ver"]
 
     @staticmethod
-    def signature(params: EngineRequestParams) -> str:
-        """Parameters that change the completion (`sampling_signature`)."""
-        return hashlib.sha256(canonical_json(sampling_signature(params))).hexdigest()[:32]
+    def signature(params: EngineRequestParams, variant: str = "") -> str:
+        """Parameters that change the completion (`sampling_signature`), and the prompt's `variant`: what
+        its text leaves out but must match too (its special tokens: the caller's)."""
+        sig = sampling_signature(params)
+        if variant:
+            sig["variant"] = variant
+        return hashlib.sha256(canonical_json(sig)).hexdigest()[:32]
 
     @staticmethod
     def _checksum(
@@ -843,6 +847,7 @@ class SemanticResponseCache(RedisCacheBase):
         params: EngineRequestParams,
         answer: str,
         embedding: np.ndarray | None = None,
+        variant: str = "",
     ) -> bool:
         if not is_deterministic(params) or not _utf8_encodable(prompt, answer):  # a lone surrogate: no key
             self._count("uncacheable")
@@ -853,7 +858,7 @@ class SemanticResponseCache(RedisCacheBase):
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
             return False
         emb = vec.astype("<f4").tobytes()
-        sig = self.signature(params)
+        sig = self.signature(params, variant)
         entry_id = hashlib.sha256(canonical_json([sig, prompt])).hexdigest()[:24]
         created = round(time.time(), 3)
         doc = {
@@ -897,13 +902,15 @@ class SemanticResponseCache(RedisCacheBase):
         embedding: np.ndarray | None = None,
         threshold: float | None = None,
         low_threshold: float | None = None,
+        variant: str = "",
     ) -> SemanticHit | None:
         """The best entry of this tenant with the same signature that passes the guard and either has
         cosine >= threshold or, in the lower band [low_threshold, threshold), is accepted by the verifier
         (or, without one, shares few content words): see ``select``.
 
-        ``embedding``, when given, is the query's embedding as ``embed_queries`` makes it."""
-        ranked = self._ranked(prompt, tenant, params, embedding, threshold, low_threshold)
+        ``embedding``, when given, is the query's embedding as ``embed_queries`` makes it; ``variant``: as
+        for ``store``, only entries stored with the same one compare."""
+        ranked = self._ranked(prompt, tenant, params, embedding, threshold, low_threshold, variant)
         if ranked is None:
             return None
         candidates, n_eligible, high, low = ranked
@@ -945,7 +952,7 @@ class SemanticResponseCache(RedisCacheBase):
             c.verdict(), c.features()
         return cands, ranked[1]
 
-    def _ranked(self, prompt, tenant, params, embedding, threshold, low_threshold):
+    def _ranked(self, prompt, tenant, params, embedding, threshold, low_threshold, variant=""):
         if not is_deterministic(params):
             self._count("uncacheable")
             return None
@@ -964,7 +971,7 @@ class SemanticResponseCache(RedisCacheBase):
         low = self.low_threshold if low_threshold is None else float(low_threshold)
         limit = min(low, high) if self.use_guard else high
         scores = tm.matrix @ vec
-        sig = self.signature(params)
+        sig = self.signature(params, variant)
         mask = tm.sig_masks.get(sig)
         if mask is None:
             mask = tm.sig_masks[sig] = np.fromiter((s == sig for s in tm.sigs), bool, len(tm.sigs))

@@ -164,6 +164,16 @@ def build_l3(
     return L3Tier(store, meta, cost=LoadCostModel(explore_every_s=config.l3_explore_s), ttl_s=config.l3_ttl_s)
 
 
+def added_lead(tokenizer: Tokenizer) -> list[int]:
+    """The ids the tokenizer puts in front of every encoded text (a BOS), which no prompt wrote."""
+    plain = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a").ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start]
+    return []
+
+
 def build_response_tier(
     config: EngineConfig, fingerprint: str, model_dir: Path, decoder, log
 ) -> ResponseTier | None:
@@ -209,15 +219,17 @@ def build_response_tier(
         return decoder.delta(list(ids), 0, True, trim_bytes)
 
     special = {i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    lead = added_lead(tokenizer)
 
-    def prompt_text(ids: list[int]) -> str:
-        """A prompt as the semantic cache compares it: special tokens after the leading ones (BOS, a
-        template's opening) spelled out, since a prompt that wrote "<s>" or "<pad>" tokenizes to them:
-        dropped, "the <s> tag" and "the <pad> tag" were one question."""
-        start = 0
-        while start < len(ids) and ids[start] in special:
-            start += 1
-        return tokenizer.decode(list(ids[start:]), skip_special_tokens=False)
+    def prompt_text(ids: list[int]) -> tuple[str, str]:
+        """A prompt as the semantic cache compares it: its text without special tokens, and as its
+        variant the special tokens it holds past the tokenizer's own lead (BOS), which only an equal
+        variant matches. A prompt that wrote "<s>" or "<pad>" tokenizes to them: dropped alone, "the <s>
+        tag" and "the <pad> tag" were one question; spelled into the text, a chat template's tokens
+        would fill the embedder's window with the same words in every prompt."""
+        body = list(ids[len(lead) :]) if list(ids[: len(lead)]) == lead else list(ids)
+        variant = ",".join(str(i) for i in body if i in special)
+        return tokenizer.decode(body, skip_special_tokens=True), variant
 
     return ResponseTier(
         cache,

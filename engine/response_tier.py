@@ -79,7 +79,7 @@ class ResponseTier:
         encode: Callable[[str], list[int]],
         token_bytes: Callable[[list[int], int], bytes],
         backlog: int = 1024,
-        prompt_text: Callable[[list[int]], str] | None = None,
+        prompt_text: Callable[[list[int]], tuple[str, str]] | None = None,
         semantic: SemanticResponseCache | None = None,
         first_use: bool = True,
         sightings: int = 65536,
@@ -98,7 +98,10 @@ class ResponseTier:
         self.semantic = semantic
         self.encode = encode
         self.token_bytes = token_bytes
-        self.prompt_text = prompt_text or (lambda ids: token_bytes(ids, 0).decode("utf-8", errors="replace"))
+        # (text, variant): a prompt as the semantic cache compares it, and what only an equal one matches
+        self.prompt_text = prompt_text or (
+            lambda ids: (token_bytes(ids, 0).decode("utf-8", errors="replace"), "")
+        )
         self._writes: WriteBehind[_Answer] = WriteBehind(self._write, "response-cache-writer", backlog)
 
     @property
@@ -125,7 +128,8 @@ class ResponseTier:
             else:  # another prompt's answer, never served nor counted: the prompt's own is asked for
                 text = self.cache.get(prompt_ids, params, key.value)
         if text is None and self.semantic is not None:
-            hit = self.semantic.lookup(self.prompt_text(prompt_ids), params.tenant, params)
+            question, variant = self.prompt_text(prompt_ids)
+            hit = self.semantic.lookup(question, params.tenant, params, variant=variant)
             text = None if hit is None else hit.answer
         found = ResponseLookup(None if text is None else self.encode(text), key)
         self._spent(began)
@@ -220,4 +224,5 @@ class ResponseTier:
         if exact:
             self.cache.put(item.prompt_ids, item.params, answer, key.value)
         if semantic:
-            self.semantic.store(self.prompt_text(item.prompt_ids), item.params.tenant, item.params, answer)
+            question, variant = self.prompt_text(item.prompt_ids)
+            self.semantic.store(question, item.params.tenant, item.params, answer, variant=variant)
