@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tier", help="slo_tier, e.g. critical | warmup | standard | batch")
     gen.add_argument("--tenant", help="tenant id")
     gen.add_argument(
+        "--tenant-token",
+        help=f"the tenant's token, where the server authenticates tenants (default: made from {SECRET_ENV} "
+        "when set here)",
+    )
+    gen.add_argument(
         "--cache", choices=CACHE_MODES,
         help="use (default): every cache; kv-only: reuse and keep KV prefixes but no response cache, so "
              "the answer is always generated afresh; bypass: read and write no cache tier",
@@ -257,6 +262,7 @@ def run_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             args.url, args.prompt, sampling=sampling_from_args(args), stream=args.stream,
             exclude_input_in_output=args.exclude_input_in_output, tier=args.tier, tenant=args.tenant,
             cache=args.cache, model=args.model, on_piece=show, timeout_s=args.timeout,
+            tenant_token=args.tenant_token,
         )  # fmt: skip
     except (GenerationError, InferenceServerException, OSError) as exc:
         out.write("\n")

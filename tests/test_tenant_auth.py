@@ -122,3 +122,11 @@ def test_the_tenant_token_command(monkeypatch):
     assert out.getvalue().strip() == tenant_token(SECRET, "acme")
     assert client_main(["tenant-token", "a b"], io.StringIO(), err) == 2
     assert client_main(["tenant-token", "default"], io.StringIO(), err) == 2
+
+
+def test_generate_takes_a_tenant_token_on_the_command_line():
+    from client.__main__ import build_parser
+
+    args = build_parser().parse_args(["generate", "hi", "--tenant", "acme", "--tenant-token", "abc"])
+    assert (args.tenant, args.tenant_token) == ("acme", "abc")
+    assert build_parser().parse_args(["generate", "hi"]).tenant_token is None  # None: made from the secret
