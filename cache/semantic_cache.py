@@ -664,10 +664,10 @@ class _TenantMatrix:
 class _Query:
     """The query's guard features and normal form, computed once and only when a candidate needs them."""
 
-    def __init__(self, prompt: str):
+    def __init__(self, prompt: str, normalized: str | None = None):
         self.prompt = prompt
         self._features: QuestionFeatures | None = None
-        self._normalized: str | None = None
+        self._normalized = normalized
 
     @property
     def features(self) -> QuestionFeatures:
@@ -852,9 +852,10 @@ class SemanticResponseCache(RedisCacheBase):
         if not is_deterministic(params) or not _utf8_encodable(prompt, answer):  # a lone surrogate: no key
             self._count("uncacheable")
             return False
-        if not self._embeds_whole(prompt):
+        normalized = self._within_window(prompt)
+        if normalized is None:
             return False
-        vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
+        vec = self._embed(normalized) if embedding is None else self._normalize(embedding)
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
             return False
         emb = vec.astype("<f4").tobytes()
@@ -956,7 +957,8 @@ class SemanticResponseCache(RedisCacheBase):
         if not is_deterministic(params):
             self._count("uncacheable")
             return None
-        if not self._embeds_whole(prompt):
+        normalized = self._within_window(prompt)
+        if normalized is None:
             return None
         if not self.breaker.allow():
             self._count("errors")
@@ -966,7 +968,7 @@ class SemanticResponseCache(RedisCacheBase):
             return None
         if not tm.ids:
             return iter(()), 0, 1.0, 1.0
-        vec = self._embed(prompt) if embedding is None else self._normalize(embedding)
+        vec = self._embed(normalized) if embedding is None else self._normalize(embedding)
         high = self.threshold if threshold is None else float(threshold)
         low = self.low_threshold if low_threshold is None else float(low_threshold)
         limit = min(low, high) if self.use_guard else high
@@ -980,7 +982,7 @@ class SemanticResponseCache(RedisCacheBase):
         masked = np.where(eligible, scores, -np.inf)
         top2 = np.argsort(-masked)[:2]
         order = [int(i) for i in np.argsort(-masked) if masked[i] >= limit]
-        query = _Query(prompt)
+        query = _Query(prompt, normalized)
 
         def gen():
             for i in order:
@@ -1000,17 +1002,20 @@ class SemanticResponseCache(RedisCacheBase):
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         return vecs / np.where(norms > 0, norms, 1.0)
 
-    def _embed(self, text: str) -> np.ndarray:
-        return self._normalize(self.embed_queries([text])[0])
+    def _embed(self, normalized: str) -> np.ndarray:
+        """The unit embedding of a text already in normal form (`normalize_question`)."""
+        return self._normalize(self.embedder.embed([normalized])[0])
 
-    def _embeds_whole(self, prompt: str) -> bool:
-        """A prompt past the embedder's window is neither stored nor looked up: its vector is its head's,
-        so a long document with another question at its end would match at cosine 1.0, and the guard's
-        word checks are no match for a document. The exact cache still serves it."""
-        if self.embedder.fits([normalize_question(prompt)])[0]:
-            return True
+    def _within_window(self, prompt: str) -> str | None:
+        """The prompt's normal form, which is what gets embedded, or None when it is past the embedder's
+        window: neither stored nor looked up then, since its vector is its head's and a long document
+        with another question at its end would match at cosine 1.0 (the guard's word checks are no match
+        for a document). The exact cache still serves it."""
+        normalized = normalize_question(prompt)
+        if self.embedder.fits([normalized])[0]:
+            return normalized
         self._count("too_long")
-        return False
+        return None
 
     def _normalize(self, v: np.ndarray) -> np.ndarray:
         v = np.asarray(v, dtype=np.float32).reshape(-1)
