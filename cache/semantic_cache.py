@@ -67,7 +67,7 @@ from cache.response_cache import (
     tenant_tag,
 )
 from cache.semantic_verifier import DEFAULT_WEIGHTS, VERIFIER_TOP_K, Verifier, pair_features
-from scheduler.messages import EngineRequestParams
+from scheduler.messages import EngineRequestParams, utf8_encodable
 
 logger = logging.getLogger(__name__)
 
@@ -524,15 +524,6 @@ def _variant(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return y.startswith(x) or prefix >= max(4, 0.7 * len(x))
 
 
-def _utf8_encodable(*texts: str) -> bool:
-    try:
-        for text in texts:
-            text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 MINIMAL_PAIR_MAX_MIDDLE = 64  # content words between the common head and tail that difflib aligns
 
 
@@ -849,7 +840,7 @@ class SemanticResponseCache(RedisCacheBase):
         embedding: np.ndarray | None = None,
         variant: str = "",
     ) -> bool:
-        if not is_deterministic(params) or not _utf8_encodable(prompt, answer):  # a lone surrogate: no key
+        if not is_deterministic(params) or not utf8_encodable(prompt, answer):  # a lone surrogate: no key
             self._count("uncacheable")
             return False
         normalized = self._within_window(prompt)

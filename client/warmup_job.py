@@ -30,6 +30,7 @@ import yaml
 from tqdm import tqdm
 
 from client.generate import StreamingSession
+from scheduler.messages import utf8_encodable
 from scheduler.validation import DEFAULT_TENANT, TENANT_PATTERN, TENANT_RULE
 
 EmbedFn = Callable[[list[str]], np.ndarray]
@@ -113,9 +114,7 @@ def _parse_line(text: str, tenant_field: str) -> LogRecord | str:
     prompt = obj.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         return f"'prompt' must be a non-empty string, got {prompt!r:.40}"
-    try:  # half of an emoji's surrogate pair, as a logger cutting text in UTF-16 units writes it
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:
+    if not utf8_encodable(prompt):  # half of an emoji's surrogate pair, as a logger cutting UTF-16 writes it
         return "'prompt' is not valid UTF-8 (a lone surrogate escape)"
     tenant = obj.get(tenant_field)
     if tenant is None or tenant == "":

@@ -83,19 +83,32 @@ class EngineRequestParams:
         return cls(**raw)
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """A JSON integer (Python's bool is an int too, JSON's true is not)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_finite(value: object) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+def is_number(value: object) -> bool:
+    """A JSON integer or a finite float."""
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def utf8_encodable(*texts: str) -> bool:
+    """Whether every text is Unicode that UTF-8 can write: JSON's "\\ud800" escape parses to a lone
+    surrogate, which raises wherever the text is later encoded (a key, a checksum, a match)."""
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # the annotation of each field (a string: `from __future__ import annotations`) -> its check
 _FIELD_CHECKS = {
-    "int": _is_int,
-    "float": _is_finite,
-    "int | None": lambda v: v is None or _is_int(v),
+    "int": is_int,
+    "float": is_number,
+    "int | None": lambda v: v is None or is_int(v),
     "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str),

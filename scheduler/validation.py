@@ -7,13 +7,19 @@ request costs no GPU time and the error says both what was wrong and what is all
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import RequestError
-from scheduler.messages import CACHE_MODES, MIN_TEMPERATURE, EngineRequestParams
+from scheduler.messages import (
+    CACHE_MODES,
+    MIN_TEMPERATURE,
+    EngineRequestParams,
+    is_int,
+    is_number,
+    utf8_encodable,
+)
 from scheduler.tiers import TierTable
 
 SAMPLING_KEYS: tuple[str, ...] = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
@@ -48,14 +54,6 @@ class Limits:
 
 def _invalid(message: str) -> RequestError:
     return RequestError.invalid(message)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _decode_utf8(raw: bytes, what: str) -> str:
@@ -125,7 +123,7 @@ def _show(value: object) -> str:
 
 
 def _int_in(key: str, value: object, low: int, high: int | None) -> int:
-    if not _is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
+    if not is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
         bound = f"{low}..{high}" if high is not None else f">= {low}"
         raise _invalid(f"sampling_parameters.{key} must be an integer {bound}, got {_show(value)}")
     return int(value)  # type: ignore[arg-type]
@@ -146,20 +144,13 @@ def _parse_stop(value: object) -> tuple[str, ...]:
     for item in items:
         if not isinstance(item, str) or not item or len(item) > MAX_STOP_CHARS:
             raise _invalid(f"sampling_parameters.stop entry {_show(item)} is invalid; allowed: {rule}")
-        if not _utf8_text(item):  # matched as UTF-8 bytes and hashed into cache keys: one would raise there
+        # matched as UTF-8 bytes and hashed into cache keys: a lone surrogate would raise there
+        if not utf8_encodable(item):
             raise _invalid(
                 f"sampling_parameters.stop entry {json.dumps(item)} is not Unicode text (a lone surrogate "
                 "escape)"  # escaped: the message itself must encode
             )
     return tuple(items)
-
-
-def _utf8_text(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def parse_sampling_parameters(raw: str | bytes | None, limits: Limits) -> dict[str, Any]:
@@ -187,7 +178,7 @@ def parse_sampling_parameters(raw: str | bytes | None, limits: Limits) -> dict[s
         out["max_tokens"] = _int_in("max_tokens", given["max_tokens"], 1, limits.max_new_tokens)
     if "temperature" in given:
         value = given["temperature"]
-        if not _is_number(value) or not 0.0 <= value <= MAX_TEMPERATURE:
+        if not is_number(value) or not 0.0 <= value <= MAX_TEMPERATURE:
             raise _invalid(
                 f"sampling_parameters.temperature must be a number in [0, {MAX_TEMPERATURE:g}] "
                 f"(0 = greedy), got {_show(value)}"
@@ -195,14 +186,14 @@ def parse_sampling_parameters(raw: str | bytes | None, limits: Limits) -> dict[s
         out["temperature"] = float(value) if value >= MIN_TEMPERATURE else 0.0  # greedy: see MIN_TEMPERATURE
     if "top_p" in given:
         value = given["top_p"]
-        if not _is_number(value) or not 0.0 < value <= 1.0:
+        if not is_number(value) or not 0.0 < value <= 1.0:
             raise _invalid(f"sampling_parameters.top_p must be a number in (0, 1], got {_show(value)}")
         out["top_p"] = float(value)
     if "top_k" in given:
         out["top_k"] = _int_in("top_k", given["top_k"], 0, None)
     if "seed" in given and given["seed"] is not None:
         seed = given["seed"]
-        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        if not is_int(seed) or not 0 <= seed <= MAX_SEED:
             raise _invalid(
                 f"sampling_parameters.seed must be null or an integer 0..2**63-1, got {_show(seed)}"
             )
