@@ -18,10 +18,16 @@ rules pick from the tuning half the point with the
 highest hit rate whose precision is at least --min-precision: by the point estimate, and by a one-sided
 Wilson lower bound (z = --z), which the point estimate on ~230 pairs overrates. The lower-bound choice is
 the headline and what the cache's defaults should be. A 5-fold estimate (tune on 4/5, measure on 1/5,
-pooled) is reported beside it. The sets of --fresh (data/paraphrases-fresh.jsonl and
-data/paraphrases-fresh2.jsonl: written blind to the guard and the verifier) are only measured at the
-chosen settings, each on its own: its questions are stored in a tenant of its own, and no threshold,
-verifier fit or fold sees them. Writes
+pooled) is reported beside it. The sets of --fresh (data/paraphrases-fresh*.jsonl: written blind to the
+guard and the verifier) are measured at the chosen settings, each on its own: its questions are stored in
+a tenant of its own. Those named by --tune-on (default: the first, whose failures were read while
+developing) also count when the setting is chosen, beside the tuning half: that half is where the guard
+was designed, so alone it prefers the guard to anything else. No verifier fit or fold sees a fresh set,
+and the others (fresh2, fresh3) are only measured.
+
+The grid also holds pair checks (cache/pair_classifier.py, --pair-classifier): the cross-encoder must
+accept what the rest would serve. Its training pairs (data/pair-train/) share no domain with any set
+measured here. Writes
 bench/results/semantic-cache-<tag>.{json,md,png}.
 
     python -m bench.semantic_cache [--write-weights]   # the latter also rewrites cache/semantic_verifier.json
@@ -46,7 +52,10 @@ from pathlib import Path
 import numpy as np
 
 from cache.embedder import MiniLMEmbedder
+from cache.pair_classifier import DEFAULT_WEIGHTS as PAIR_WEIGHTS
+from cache.pair_classifier import PairClassifier
 from cache.semantic_cache import (
+    PairCheck,
     QuestionGuard,
     SemanticResponseCache,
     extract_features,
@@ -64,6 +73,8 @@ DATA = REPO_ROOT / "data" / "paraphrases.jsonl"
 # written later by another blind helper, with harder traps asked for (2026-11-30, not read)
 FRESH = REPO_ROOT / "data" / "paraphrases-fresh.jsonl"
 FRESH2 = REPO_ROOT / "data" / "paraphrases-fresh2.jsonl"
+# written blind like the second, after the pair classifier's training pairs (data/pair-train/) were (not read)
+FRESH3 = REPO_ROOT / "data" / "paraphrases-fresh3.jsonl"
 RESULTS = REPO_ROOT / "bench" / "results"
 TENANT = "bench"
 MAIN_SOURCES = ("original", "added")  # every other source is a fresh set, named after its file
@@ -108,6 +119,7 @@ class Point:
     true_pairs: int
     correct_on_true: int
     wrong_by_kind: dict[str, int]
+    pair_min: float | None = None  # the pair classifier's cut; None: no pair check (bands and verifier)
 
     @property
     def precision(self) -> float:
@@ -150,8 +162,8 @@ def fresh_name(path: Path) -> str:
     return path.stem.removeprefix("paraphrases-")
 
 
-def fresh_subset(name: str) -> str:
-    return f"{name} pairs (never tuned on)"
+def fresh_subset(name: str, tuned: bool = False) -> str:
+    return f"{name} pairs ({'tuned on: they help choose the setting' if tuned else 'never tuned on'})"
 
 
 def load_pairs(path: Path, source: str | None = None) -> list[Pair]:
@@ -192,6 +204,7 @@ def score(
     low_threshold: float,
     guard: bool,
     p_min: float | None = None,
+    pair_min: float | None = None,
 ) -> Point:
     true_match = {(p.a, p.b) for p in pairs if p.same}
     hits = correct = correct_true = low = low_wrong = 0
@@ -220,13 +233,24 @@ def score(
         true_pairs,
         correct_true,
         dict(wrong),
+        pair_min,
     )
 
 
 def choose(points: list[Point], min_precision: float, z: float) -> Point | None:
     ok = [p for p in points if p.hits and p.precision_lower_bound(z) >= min_precision]
     return (
-        max(ok, key=lambda p: (p.hit_rate, p.precision, p.threshold, p.low_threshold, p.p_min or 1.0))
+        max(
+            ok,
+            key=lambda p: (
+                p.hit_rate,
+                p.precision,
+                p.threshold,
+                p.low_threshold,
+                p.p_min or 1.0,
+                p.pair_min or 0.0,
+            ),
+        )
         if ok
         else None
     )
@@ -285,16 +309,19 @@ def sweep_table(points: list[Point], every: float) -> str:
 
 
 BASE_LOW = 0.50  # the lowest band bottom the grid tries; candidates below it are never looked at
+PAIR_MINS = (0.3, 0.5, 0.7, 0.85)  # the pair classifier's cuts the grid tries, beside no pair check
 
 
 def cut_of(verifier: Verifier, point: Point) -> Verifier | None:
     return None if point.p_min is None else verifier.with_cut(point.p_min, point.low_threshold)
 
 
-def replay_all(ranked, high: float, low: float, verifier: Verifier | None) -> list[tuple[str, str] | None]:
+def replay_all(
+    ranked, high: float, low: float, verifier: Verifier | None, pair_check: PairCheck | None = None
+) -> list[tuple[str, str] | None]:
     out = []
     for cands, n_eligible in ranked:
-        r = select(cands, high, low, verifier, n_eligible)
+        r = select(cands, high, low, verifier, n_eligible, pair_check=pair_check)
         out.append(None if r is None else (r[0].prompt, r[1]))
     return out
 
@@ -340,16 +367,21 @@ def fit_verifier(pairs, stored, stored_vecs, query_vecs, keep_query, keep_stored
     return fit(np.array(xs), np.array(ys), fitted_on=f"{fitted_on}: {len(ys)} rows, {int(sum(ys))} true")
 
 
-def grid_points(pairs, ranked, verifier, keep, highs, lows, cuts) -> list[Point]:
+def grid_points(pairs, ranked, verifier, keep, highs, lows, cuts, pair_checks) -> list[Point]:
+    """Every (threshold, band bottom, verifier cut) setting, without and with each pair check
+    (``pair_checks``: None for none), replayed on the kept queries."""
     points = []
-    for hi in highs:
-        points.append(score(pairs, replay_all(ranked, hi, hi, None), keep, hi, hi, True, None))
-        for lo in lows:
-            if lo >= hi:
-                continue
-            for cut in cuts:
-                v = verifier.with_cut(cut, lo)
-                points.append(score(pairs, replay_all(ranked, hi, lo, v), keep, hi, lo, True, cut))
+    for check in pair_checks:
+        pair_min = None if check is None else check.min_probability
+        for hi in highs:
+            results = replay_all(ranked, hi, hi, None, check)
+            points.append(score(pairs, results, keep, hi, hi, True, None, pair_min))
+            for lo in lows:
+                if lo >= hi:
+                    continue
+                for cut in cuts:
+                    results = replay_all(ranked, hi, lo, verifier.with_cut(cut, lo), check)
+                    points.append(score(pairs, results, keep, hi, lo, True, cut, pair_min))
     return points
 
 
@@ -360,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fresh",
         type=Path,
         nargs="*",
-        default=[FRESH, FRESH2],
+        default=[FRESH, FRESH2, FRESH3],
         help="sets of pairs only measured, never tuned on, each on its own (absent files are skipped)",
     )
     ap.add_argument("--tag", default="cpu")
@@ -375,6 +407,20 @@ def main(argv: list[str] | None = None) -> int:
         const=DEFAULT_WEIGHTS,
         help=f"save the tuning-half verifier with the headline cut (default path {DEFAULT_WEIGHTS.name})",
     )
+    ap.add_argument(
+        "--pair-classifier",
+        type=Path,
+        default=PAIR_WEIGHTS,
+        help="the pair classifier's weights (cache/pair_classifier.py); its cut is chosen with the rest",
+    )
+    ap.add_argument("--no-pair-check", action="store_true", help="measure without the pair classifier")
+    ap.add_argument(
+        "--tune-on",
+        nargs="*",
+        default=["fresh"],
+        help="fresh sets whose pairs also count when the setting is chosen (not in the verifier's fit): the "
+        "main set's tuning half is where the guard was designed, so alone it overrates the guard",
+    )
     args = ap.parse_args(argv)
 
     pairs = load_pairs(args.data)
@@ -388,11 +434,19 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     embedder = MiniLMEmbedder()
     load_s = time.perf_counter() - t0
+    classifier = None if args.no_pair_check else PairClassifier.load(args.pair_classifier)
+    pair_checks: list[PairCheck | None] = [None]
+    if classifier is not None:
+        pair_checks += [PairCheck(classifier, m) for m in PAIR_MINS]
+
+    def check_of(point: Point) -> PairCheck | None:
+        return None if point.pair_min is None else PairCheck(classifier, point.pair_min)
+
     stored = sorted({p.a for p, m in zip(pairs, main_set) if m})
     stored_fresh = sorted({(p.a, p.tenant) for p in fresh_pairs})
     params = EngineRequestParams(max_tokens=64, temperature=0.0)
     singles = [round(x, 2) for x in np.arange(0.50, 0.9901, 0.01)]
-    highs = [0.78, 0.80, 0.82, 0.84, 0.86]
+    highs = [0.72, 0.76, 0.78, 0.80, 0.82, 0.84, 0.86]
     lows = [round(x, 2) for x in np.arange(BASE_LOW, 0.7601, 0.02)]
     cuts = [round(x, 2) for x in np.arange(0.30, 0.9601, 0.05)]
 
@@ -422,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p, v in zip(pairs, query_vecs)
             ]
             everything = main_set
-            tuning = [m and p.half == "tuning" for p, m in zip(pairs, main_set)]
+            tuning = [(m and p.half == "tuning") or p.source in args.tune_on for p, m in zip(pairs, main_set)]
             held_out = [m and p.half == "held-out" for p, m in zip(pairs, main_set)]
             stored_half = {a: Pair(a, "", True, "", "").half for a in stored}
             tuned_verifier = fit_verifier(
@@ -434,14 +488,15 @@ def main(argv: list[str] | None = None) -> int:
                 lambda a: stored_half[a] == "tuning",
                 "tuning half (SHA-256 of 'a' even) of " + str(args.data.name),
             )
-            tuned = grid_points(pairs, ranked, tuned_verifier, tuning, highs, lows, cuts)
+            tuned = grid_points(pairs, ranked, tuned_verifier, tuning, highs, lows, cuts, pair_checks)
             headline_pick = choose(tuned, args.min_precision, args.z)
             # the replay must be what lookup does: check the headline setting with real lookups
             if headline_pick is not None:
                 cache.verifier = cut_of(tuned_verifier, headline_pick)
+                cache.pair_check = check_of(headline_pick)
                 high, low = headline_pick.threshold, headline_pick.low_threshold
                 real = lookups(cache, pairs, query_vecs, high, low, True, params)
-                if real != replay_all(ranked, high, low, cache.verifier):
+                if real != replay_all(ranked, high, low, cache.verifier, cache.pair_check):
                     raise RuntimeError("offline replay of select() differs from SemanticResponseCache.lookup")
                 t0 = time.perf_counter()  # timed on the second pass: the first loads the tenant matrix
                 lookups(cache, pairs, query_vecs, high, low, True, params)
@@ -456,8 +511,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def at(point: Point, keep: list[bool], verifier: Verifier | None = None) -> Point:
         v = cut_of(verifier or tuned_verifier, point)
-        results = replay_all(ranked, point.threshold, point.low_threshold, v)
-        return score(pairs, results, keep, point.threshold, point.low_threshold, True, point.p_min)
+        results = replay_all(ranked, point.threshold, point.low_threshold, v, check_of(point))
+        return score(
+            pairs, results, keep, point.threshold, point.low_threshold, True, point.p_min, point.pair_min
+        )
 
     choices = {
         f"Wilson lower bound (z={args.z:g})": headline_pick,
@@ -478,11 +535,14 @@ def main(argv: list[str] | None = None) -> int:
             "held-out, added pairs": at(point, [h and p.source == "added" for h, p in zip(held_out, pairs)]),
         }
         for fresh_set in fresh_files:
-            subsets[fresh_subset(fresh_set)] = at(point, [p.source == fresh_set for p in pairs])
+            subsets[fresh_subset(fresh_set, fresh_set in args.tune_on)] = at(
+                point, [p.source == fresh_set for p in pairs]
+            )
         report[name] = {
             "threshold": point.threshold,
             "low_threshold": point.low_threshold,
             "p_min": point.p_min,
+            "pair_min": point.pair_min,
             **{k: v.row() for k, v in subsets.items()},
             "_points": subsets,
         }
@@ -502,7 +562,9 @@ def main(argv: list[str] | None = None) -> int:
             lambda a, f=fold: fold_of[a] != f,
             f"fold {fold}",
         )
-        best = choose(grid_points(pairs, ranked, v, train, highs, lows, cuts), args.min_precision, args.z)
+        best = choose(
+            grid_points(pairs, ranked, v, train, highs, lows, cuts, pair_checks), args.min_precision, args.z
+        )
         if best is None:
             folds.append({"fold": fold, "chosen": None})
             continue
@@ -513,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                 "threshold": best.threshold,
                 "low_threshold": best.low_threshold,
                 "p_min": best.p_min,
+                "pair_min": best.pair_min,
                 **measured.row(),
             }
         )
@@ -547,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     full = report[headline_name].get("_points", {}).get("full set")
     targets_met = bool(held and held.precision >= 0.97 and held.hit_rate >= 0.60)
     on_fresh = {
-        name: report[headline_name].get("_points", {}).get(fresh_subset(name)) for name in fresh_files
+        name: report[headline_name].get("_points", {}).get(fresh_subset(name, name in args.tune_on))
+        for name in fresh_files
     }
     fresh_met = {
         name: bool(pt and pt.precision >= 0.97 and pt.hit_rate >= 0.60) for name, pt in on_fresh.items()
@@ -561,7 +625,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         lines.append(
             f"- chosen by the {name}: threshold **{entry['threshold']:.2f}**, low_threshold "
-            f"**{entry['low_threshold']:.2f}**, verifier p_min **{entry['p_min']}**"
+            f"**{entry['low_threshold']:.2f}**, verifier p_min **{entry['p_min']}**, pair classifier cut "
+            f"**{entry['pair_min']}**"
         )
         for subset, point in entry["_points"].items():
             lines.append(f"  - {subset}: {point.line()}")
@@ -574,7 +639,13 @@ def main(argv: list[str] | None = None) -> int:
         "stored_entries_fresh": len(stored_fresh),
         "min_precision": args.min_precision,
         "verifier_tuning_half": json.loads(tuned_verifier.to_json()),
-        "grid": {"thresholds": highs, "low_thresholds": lows, "p_min": cuts},
+        "grid": {
+            "thresholds": highs,
+            "low_thresholds": lows,
+            "p_min": cuts,
+            "pair_min": list(PAIR_MINS),
+        },
+        "pair_classifier": None if classifier is None else classifier.fitted_on,
         "headline_rule": headline_name,
         "headline_held_out": held.row() if held else None,
         "full_set_at_headline": full.row() if full else None,
@@ -616,12 +687,20 @@ def main(argv: list[str] | None = None) -> int:
     data_name = args.data.relative_to(REPO_ROOT) if args.data.is_relative_to(REPO_ROOT) else args.data
     headline_line = (
         f"Headline (held-out half, thresholds {headline.threshold:.2f} / {headline.low_threshold:.2f}, "
-        f"p_min {headline.p_min} "
+        f"p_min {headline.p_min}, pair cut {headline.pair_min}, "
         f"chosen on the tuning half by the {headline_name}): {held.line()}."
         if headline and held
         else f"No grid point reaches precision {args.min_precision} on the tuning half."
     )
-    fold_settings = [(f.get("threshold"), f.get("low_threshold"), f.get("p_min")) for f in folds]
+    fold_settings = [
+        (
+            f.get("threshold"),
+            f.get("low_threshold"),
+            f.get("p_min"),
+            f.get("pair_min"),
+        )
+        for f in folds
+    ]
     md = (
         f"# semantic cache ({args.tag})\n\n- command: `{meta['command']}`\n- machine: {meta['machine']}\n"
         f"- date: {stamp}\n- data: {data_name} ({len(pairs)} pairs: {dict(kinds)}; {dict(sources)}: the "
@@ -635,20 +714,27 @@ def main(argv: list[str] | None = None) -> int:
         "through `SemanticResponseCache.lookup`\n"
         "- a hit counts as correct only when it returns the labeled true paraphrase; anything else is wrong\n"
         f"- halves by SHA-256 of 'a' (fresh pairs in neither): {summary['halves']}; thresholds are chosen "
-        "on the tuning half (max hit rate with precision >= "
-        f"{args.min_precision}), from a grid of (threshold, low_threshold, p_min); in the lower band "
-        "[low_threshold, threshold) the top guard-passing candidates must also be accepted by the "
+        f"on the tuning half plus the pairs of {args.tune_on or 'no fresh set'} (max hit rate with "
+        "precision >= "
+        f"{args.min_precision}), from a grid of (threshold, low_threshold, p_min) and of pair checks; in the "
+        "lower band [low_threshold, threshold) the top guard-passing candidates must also be accepted by the "
         "verifier (cache/semantic_verifier.py: logistic regression on cosine, margin over the next "
         "entry, content-word overlap, question word, length ratio), fitted on the tuning half only "
-        f"({tuned_verifier.fitted_on}); the k-fold refits it on each 4/5\n"
+        f"({tuned_verifier.fitted_on}); the k-fold refits it on each 4/5 (and chooses on the main set only); "
+        "with a pair check (pair_min set) a hit the rest would serve is served only when the pair classifier "
+        "scores it at least pair_min, else the next candidate is tried, 2 at most (cache/pair_classifier.py: "
+        "MiniLM as a cross-encoder, LoRA-fitted on "
+        f"{classifier.fitted_on if classifier else 'nothing: --no-pair-check'}; none of its pairs is in "
+        "any set measured here)\n"
         f"- model load {load_s:.1f} s, embedding {embed_ms:.1f} ms/text (batched, CPU), lookup "
         f"{lookup_us:.0f} us with a precomputed embedding "
-        "(Redis version check + cosine + guard + verifier)\n\n"
+        "(Redis version check + cosine + guard + verifier + pair classifier at the headline setting)\n\n"
         f"Issue targets on the held-out half (precision >= 0.97 with hit rate >= 0.60): "
         f"{'met' if targets_met else 'NOT met'}."
         + "".join(
             f" On the {sum(p.source == name for p in pairs)} {name} pairs ({path.name}: written blind to the "
-            "guard and the verifier, stored in a tenant of their own, never tuned on): "
+            "guard and the verifier, stored in a tenant of their own, "
+            f"{'tuned on: they help choose the setting' if name in args.tune_on else 'never tuned on'}): "
             f"{'met' if fresh_met[name] else 'NOT met'}."
             for name, path in fresh_files.items()
         )
@@ -656,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
         + "\n".join(lines)
         + f"\n\n{FOLDS}-fold estimate (tune on 4/5 by the {headline_name}, measure on 1/5, pooled): "
         f"precision {kfold['precision']}, hit rate {kfold['hit_rate']} ({kfold['hits']} hits); "
-        f"per-fold (threshold, low_threshold, p_min) {fold_settings}.\n\n"
+        f"per-fold (threshold, low_threshold, p_min, pair_min) {fold_settings}.\n\n"
         "Single threshold (low band off), full set, guard on and off:\n\n"
         f"{md_sweep}\n\n![plot](semantic-cache-{args.tag}.png)\n"
     )

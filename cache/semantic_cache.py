@@ -50,7 +50,7 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -69,6 +69,9 @@ from cache.response_cache import (
 from cache.semantic_verifier import DEFAULT_WEIGHTS, VERIFIER_TOP_K, Verifier, pair_features
 from scheduler.messages import EngineRequestParams, utf8_encodable
 
+if TYPE_CHECKING:  # the classifier needs torch; the cache's callers choose whether to load it
+    from cache.pair_classifier import PairClassifier
+
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -81,6 +84,10 @@ DEFAULT_THRESHOLD = 0.80
 # between differently worded questions is what a paraphrase looks like, while a moderate cosine despite
 # mostly shared words means the words that differ changed the question ("cancel" / "pause" my plan).
 LOW_BAND_MAX_OVERLAP = 0.3
+# The pair classifier's cut and how many candidates one lookup may run through it: chosen by
+# bench/semantic_cache.py with the thresholds (bench/results/semantic-cache-cpu.md).
+DEFAULT_PAIR_MIN = 0.5
+PAIR_TOP_K = 2
 
 _STORE_SCRIPT = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -622,6 +629,7 @@ class SemanticCacheStats:
     low_band_rejections: int = 0  # lower-band candidates turned down without scoring (overlap rule, too
     # few entries for the verifier, or past its top-k)
     verifier_rejections: int = 0  # lower-band candidates the verifier scored below its cut
+    pair_rejections: int = 0  # would-be hits the pair classifier scored below its cut (or past its top-k)
     stores: int = 0
     evictions: int = 0
 
@@ -680,12 +688,13 @@ class Candidate:
     """One eligible stored entry for a query: its cosine, its margin over the best other eligible entry,
     and (lazily) the guard's verdict and the verifier's features."""
 
-    __slots__ = ("index", "score", "margin", "query", "matrix", "_verdict", "_x")
+    __slots__ = ("index", "score", "margin", "query", "matrix", "_verdict", "_x", "_pair")
 
     def __init__(self, index: int, score: float, margin: float, query: _Query, matrix: _TenantMatrix):
         self.index, self.score, self.margin, self.query, self.matrix = index, score, margin, query, matrix
         self._verdict: GuardVerdict | None = None
         self._x: np.ndarray | None = None
+        self._pair: float | None = None
 
     @property
     def prompt(self) -> str:
@@ -714,6 +723,28 @@ class Candidate:
             )
         return self._x
 
+    def pair_probability(self, classifier: PairClassifier) -> float:
+        """The cross-encoder's probability that the stored question's answer serves the query."""
+        if self._pair is None:
+            self._pair = float(classifier.probability([(self.prompt, self.query.prompt)])[0])
+        return self._pair
+
+
+@dataclass(frozen=True)
+class PairCheck:
+    """The last check on a would-be hit (cache/pair_classifier.py): a candidate the guard, the bands and
+    the verifier would serve is served only at ``probability >= min_probability``; a rejected one passes
+    the turn to the next candidate. At most ``max_scored`` candidates per lookup go through the model,
+    which bounds a lookup's cost."""
+
+    classifier: PairClassifier
+    min_probability: float = DEFAULT_PAIR_MIN
+    max_scored: int = PAIR_TOP_K
+
+    def __post_init__(self):
+        if not 0.0 <= self.min_probability <= 1.0 or self.max_scored < 1:
+            raise ValueError("pair check: min_probability in [0, 1] and max_scored >= 1")
+
 
 def select(
     candidates,
@@ -723,13 +754,16 @@ def select(
     n_eligible: int,
     use_guard: bool = True,
     count=lambda name, n=1: None,
+    pair_check: PairCheck | None = None,
 ) -> tuple[Candidate, str] | None:
     """The lookup decision over candidates in descending cosine: the first one that passes the guard and
     has cosine >= ``high`` ("high"), or lies in [``low``, ``high``) and is accepted by the verifier
     ("verified"; only the first ``VERIFIER_TOP_K`` band candidates are scored, and only when the tenant
     has at least ``verifier.min_entries`` eligible entries) or, without a verifier, shares at most
-    ``LOW_BAND_MAX_OVERLAP`` of its content words ("low"). ``use_guard=False`` (ablation): ``high`` only."""
-    scored = 0
+    ``LOW_BAND_MAX_OVERLAP`` of its content words ("low"). With ``pair_check``, a candidate chosen so is
+    served only if the pair classifier accepts it too (``PairCheck``). ``use_guard=False`` (ablation):
+    ``high`` only."""
+    scored = paired = 0
     for cand in candidates:
         if not use_guard:
             if cand.score >= high:
@@ -741,20 +775,30 @@ def select(
             count("guard_rejections")
             continue
         if cand.score >= high:
-            return cand, "high"
-        if verifier is not None:
+            band = "high"
+        elif verifier is not None:
             if n_eligible < verifier.min_entries or scored >= VERIFIER_TOP_K:
                 count("low_band_rejections")
                 continue
             scored += 1
-            if verifier.accepts(cand.features()):
-                return cand, "verified"
-            count("verifier_rejections")
-            continue
-        if content_overlap(cand.query.features, cand.entry_features()) > LOW_BAND_MAX_OVERLAP:
+            if not verifier.accepts(cand.features()):
+                count("verifier_rejections")
+                continue
+            band = "verified"
+        elif content_overlap(cand.query.features, cand.entry_features()) > LOW_BAND_MAX_OVERLAP:
             count("low_band_rejections")
             continue
-        return cand, "low"
+        else:
+            band = "low"
+        if pair_check is None:
+            return cand, band
+        if paired >= pair_check.max_scored:
+            count("pair_rejections")
+            break
+        paired += 1
+        if cand.pair_probability(pair_check.classifier) >= pair_check.min_probability:
+            return cand, band
+        count("pair_rejections")
     return None
 
 
@@ -774,13 +818,16 @@ class SemanticResponseCache(RedisCacheBase):
         dim: int = 384,
         breaker: CircuitBreaker | None = None,
         verifier: Verifier | None | str = "default",
+        pair_check: PairCheck | None = None,
     ):
         """``use_guard=False`` exists for the benchmark's ablation only; never serve without it (the
         lower band needs the guard, so without it only ``threshold`` counts).
 
         ``verifier``: "default" loads the shipped weights (``cache/semantic_verifier.json``; if they are
         missing or of another version the band falls back to the overlap rule); None disables it.
-        ``low_threshold`` None: the verifier's own band bottom, or ``threshold`` (band closed) without one."""
+        ``low_threshold`` None: the verifier's own band bottom, or ``threshold`` (band closed) without one.
+        ``pair_check``: the cross-encoder every would-be hit must also pass (``PairCheck``); None serves on
+        the cosine, guard and verifier alone."""
         super().__init__(redis_url, timeout_s, breaker, SemanticCacheStats())
         self.fingerprint = fingerprint
         self.embedder = embedder
@@ -792,6 +839,7 @@ class SemanticResponseCache(RedisCacheBase):
                 logger.warning("semantic cache: verifier weights not loaded (%s); lower band closed", exc)
                 verifier = None
         self.verifier: Verifier | None = verifier
+        self.pair_check = pair_check
         if low_threshold is None:
             low_threshold = verifier.low_threshold if verifier is not None else self.threshold
         self.low_threshold = min(float(low_threshold), self.threshold)
@@ -914,6 +962,7 @@ class SemanticResponseCache(RedisCacheBase):
             n_eligible,
             self.use_guard,
             self._count,
+            self.pair_check if self.use_guard else None,
         )
         if chosen is None:
             self._count("misses")

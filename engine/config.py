@@ -81,6 +81,8 @@ class EngineConfig:
     semantic_cache: bool = False
     semantic_threshold: float = 0.80
     semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json
+    semantic_pair_check: bool = True  # every would-be hit also passes cache/pair_classifier.safetensors
+    semantic_pair_min: float = 0.5  # its cut (bench/results/semantic-cache-cpu.md)
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""
@@ -143,6 +145,8 @@ class EngineConfig:
             raise ValueError(f"prefix_block_size must be >= 1 token, got {self.prefix_block_size}")
         if not 0.0 < self.semantic_threshold <= 1.0:
             raise ValueError(f"semantic_threshold is a cosine in (0, 1], got {self.semantic_threshold}")
+        if not 0.0 <= self.semantic_pair_min <= 1.0:
+            raise ValueError(f"semantic_pair_min is a probability in [0, 1], got {self.semantic_pair_min}")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not (math.isfinite(value) and value >= 0):

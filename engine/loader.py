@@ -174,6 +174,19 @@ def added_lead(tokenizer: Tokenizer) -> list[int]:
     return []
 
 
+def pair_check(config: EngineConfig):
+    """The semantic cache's last check, or None when the config turns it off. Weights that do not load
+    raise: a semantic cache without the check it was tuned with would serve more wrong answers, so the
+    caller turns the semantic cache off instead."""
+    if not config.semantic_pair_check:
+        return None
+    from cache import pair_classifier
+    from cache.semantic_cache import PairCheck
+
+    classifier = pair_classifier.PairClassifier.load(pair_classifier.DEFAULT_WEIGHTS)
+    return PairCheck(classifier, config.semantic_pair_min)
+
+
 def build_response_tier(
     config: EngineConfig, fingerprint: str, model_dir: Path, decoder, log
 ) -> ResponseTier | None:
@@ -201,8 +214,9 @@ def build_response_tier(
                 embedder,
                 threshold=config.semantic_threshold,
                 verifier="default" if config.semantic_verifier else None,
+                pair_check=pair_check(config),
             )
-        except (ImportError, OSError) as exc:  # the embedding model package is optional
+        except (ImportError, OSError, ValueError) as exc:  # an optional package, or weights that do not load
             log(f"semantic cache off: {exc}")
 
     # a cached answer is text turned back into ids: text that spells a special token ("<s>" in an HTML

@@ -131,6 +131,7 @@ def test_the_config_rejects_a_malformed_size_and_negative_counts(tmp_path):
         ("l2_cache_memroy", "8GiB", "unknown parameter 'l2_cache_memroy'.*did you mean 'l2_cache_memory'"),
         ("prefix_block_size", "0", "prefix_block_size must be >= 1"),
         ("semantic_threshold", "80", r"semantic_threshold is a cosine in \(0, 1\]"),
+        ("semantic_pair_min", "1.5", r"semantic_pair_min is a probability in \[0, 1\]"),
         ("l3_explore_s", "nan", "l3_explore_s=nan must be a finite number"),
         ("prefill_budget_s", "-0.5", "prefill_budget_s=-0.5 must be a finite number >= 0"),
     ],

