@@ -28,7 +28,7 @@ and the others (fresh2, fresh3) are only measured.
 The grid also holds pair checks (cache/pair_classifier.py, --pair-classifier): the cross-encoder must
 accept what the rest would serve. Its training pairs (data/pair-train/) share no domain with any set
 measured here. Writes
-bench/results/semantic-cache-<tag>.{json,md,png}.
+bench/results/semantic-cache-<tag>.{json,md,png} and the grid's points as semantic-cache-<tag>-grid.csv.
 
     python -m bench.semantic_cache [--write-weights]   # the latter also rewrites cache/semantic_verifier.json
 """
@@ -316,6 +316,25 @@ def cut_of(verifier: Verifier, point: Point) -> Verifier | None:
     return None if point.p_min is None else verifier.with_cut(point.p_min, point.low_threshold)
 
 
+GRID_COLUMNS = (
+    "threshold",
+    "low_threshold",
+    "p_min",
+    "pair_min",
+    "hits",
+    "correct_hits",
+    "precision",
+    "hit_rate",
+)
+
+
+def write_grid(points: list[Point], path: Path) -> None:
+    """The grid as CSV: thousands of points, which as JSON objects made the results file 3 MB."""
+    lines = [",".join(GRID_COLUMNS)]
+    lines += [",".join("" if (v := p.row()[c]) is None else str(v) for c in GRID_COLUMNS) for p in points]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def replay_all(
     ranked, high: float, low: float, verifier: Verifier | None, pair_check: PairCheck | None = None
 ) -> list[tuple[str, str] | None]:
@@ -476,7 +495,10 @@ def main(argv: list[str] | None = None) -> int:
                 for p, v in zip(pairs, query_vecs)
             ]
             everything = main_set
-            tuning = [(m and p.half == "tuning") or p.source in args.tune_on for p, m in zip(pairs, main_set)]
+            tuning_half = [m and p.half == "tuning" for p, m in zip(pairs, main_set)]
+            # the setting is chosen on these; the verifier is fitted on the tuning half alone (a fresh
+            # set's questions are stored in a tenant of their own, not among `stored`)
+            tuning = [t or p.source in args.tune_on for p, t in zip(pairs, tuning_half)]
             held_out = [m and p.half == "held-out" for p, m in zip(pairs, main_set)]
             stored_half = {a: Pair(a, "", True, "", "").half for a in stored}
             tuned_verifier = fit_verifier(
@@ -484,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                 stored,
                 stored_vecs,
                 query_vecs,
-                tuning,
+                tuning_half,
                 lambda a: stored_half[a] == "tuning",
                 "tuning half (SHA-256 of 'a' even) of " + str(args.data.name),
             )
@@ -526,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             report[name] = {"chosen": None}
             continue
         subsets = {
-            "tuning half": at(point, tuning),
+            "tuning half": at(point, tuning_half),
             "held-out half": at(point, held_out),
             "full set": at(point, everything),
             "held-out, original pairs": at(
@@ -673,10 +695,11 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         **meta,
         "summary": summary,
-        "grid_tuning_half": [p.row() for p in tuned],
+        "grid_tuning": f"{base.name}-grid.csv",  # tuning half and the --tune-on sets
         "sweep_single_threshold_full_set": [p.row() for p in sweep],
     }
     base.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_grid(tuned, base.parent / f"{base.name}-grid.csv")
     plot(
         sweep,
         {f"{k} (full set)": v and at(v, everything) for k, v in choices.items()},

@@ -76,17 +76,18 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 KEY_PREFIX = "llm:resp:sem:v2"  # v2: embeddings of normalize_question(prompt); v1 vectors do not compare
-# Chosen by bench/semantic_cache.py on the tuning half of data/paraphrases.jsonl (highest hit rate whose
-# precision's one-sided Wilson lower bound is >= 0.97; bench/results/semantic-cache-cpu.md). That choice
-# leaves the lower band off: pass low_threshold < threshold to open it.
-DEFAULT_THRESHOLD = 0.80
+# Chosen by bench/semantic_cache.py on the tuning half of data/paraphrases.jsonl and the pairs of
+# data/paraphrases-fresh.jsonl (highest hit rate whose precision's one-sided Wilson lower bound is >= 0.97;
+# bench/results/semantic-cache-cpu.md), with the pair check at DEFAULT_PAIR_MIN; the lower band's bottom
+# and the verifier's cut are in cache/semantic_verifier.json.
+DEFAULT_THRESHOLD = 0.84
 # In the lower band a paraphrase must share at most this fraction of content words: a moderate cosine
 # between differently worded questions is what a paraphrase looks like, while a moderate cosine despite
 # mostly shared words means the words that differ changed the question ("cancel" / "pause" my plan).
 LOW_BAND_MAX_OVERLAP = 0.3
 # The pair classifier's cut and how many candidates one lookup may run through it: chosen by
 # bench/semantic_cache.py with the thresholds (bench/results/semantic-cache-cpu.md).
-DEFAULT_PAIR_MIN = 0.5
+DEFAULT_PAIR_MIN = 0.3
 PAIR_TOP_K = 2
 
 _STORE_SCRIPT = """
@@ -724,9 +725,13 @@ class Candidate:
         return self._x
 
     def pair_probability(self, classifier: PairClassifier) -> float:
-        """The cross-encoder's probability that the stored question's answer serves the query."""
+        """The cross-encoder's probability that the stored question's answer serves the query; 1 without
+        running it when both have one normal form (``normalize_question``): the same question."""
         if self._pair is None:
-            self._pair = float(classifier.probability([(self.prompt, self.query.prompt)])[0])
+            if normalize_question(self.prompt) == self.query.normalized:
+                self._pair = 1.0
+            else:
+                self._pair = float(classifier.probability([(self.prompt, self.query.prompt)])[0])
         return self._pair
 
 

@@ -79,10 +79,10 @@ class EngineConfig:
     response_cache: bool = True
     response_cache_first_use: bool = False  # write every answer (default: on its prompt's second sighting)
     semantic_cache: bool = False
-    semantic_threshold: float = 0.80
+    semantic_threshold: float = 0.84
     semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json
     semantic_pair_check: bool = True  # every would-be hit also passes cache/pair_classifier.safetensors
-    semantic_pair_min: float = 0.5  # its cut (bench/results/semantic-cache-cpu.md)
+    semantic_pair_min: float = 0.3  # its cut (bench/results/semantic-cache-cpu.md)
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""

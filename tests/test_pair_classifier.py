@@ -166,7 +166,7 @@ class TableClassifier:
         return np.array([self.table[p] for p in pairs])
 
 
-def test_with_a_pair_check_the_classifier_decides_each_candidate(redis_server):
+def test_with_a_pair_check_a_hit_must_also_pass_the_classifier(redis_server):
     first = "How do I transfer photos from my phone to my laptop?"
     second = "How can I move pictures from my phone onto my computer?"
     query = "What's the way to copy phone photos to a laptop?"
@@ -174,9 +174,7 @@ def test_with_a_pair_check_the_classifier_decides_each_candidate(redis_server):
     emb = OneHotEmbedder(
         {first: unit(1, 0), second: unit(0.95, 0.312), query: unit(0.99, 0.141), negated: unit(0.7, 0.714)}
     )
-    table = TableClassifier(
-        {(first, query): 0.2, (second, query): 0.9, (first, negated): 0.97, (second, negated): 0.1}
-    )
+    table = TableClassifier({(first, query): 0.2, (second, query): 0.9, (second, negated): 0.1})
     c = SemanticResponseCache(
         redis_server,
         f"fp-{uuid.uuid4().hex[:8]}",
@@ -189,7 +187,7 @@ def test_with_a_pair_check_the_classifier_decides_each_candidate(redis_server):
     try:
         assert c.store(first, "t", GREEDY, " one") and c.store(second, "t", GREEDY, " two")
         hit = c.lookup(query, "t", GREEDY)
-        assert hit is not None and hit.prompt == second and hit.band == "pair"
+        assert hit is not None and hit.prompt == second and hit.band == "high"
         assert table.calls == [(first, query), (second, query)]  # best cosine first, the next on rejection
         assert c.snapshot()["pair_rejections"] == 1
         assert c.lookup(query, "other-tenant", GREEDY) is None and len(table.calls) == 2  # tenants apart
@@ -201,11 +199,10 @@ def test_with_a_pair_check_the_classifier_decides_each_candidate(redis_server):
         c.pair_check = PairCheck(table, min_probability=0.95)
         assert c.lookup(query, "t", GREEDY) is None
 
-        assert c.lookup(negated, "t", GREEDY) is None  # guard said no, override never: no model run
+        assert c.lookup(negated, "t", GREEDY) is None  # the guard said no: the model is not asked
         assert (first, negated) not in table.calls and c.snapshot()["guard_rejections"] >= 1
-        c.pair_check = PairCheck(table, min_probability=0.5, guard_override=0.95)
-        hit = c.lookup(negated, "t", GREEDY)
-        assert hit is not None and hit.prompt == first  # the classifier overrules the lexical guard
+        c.pair_check = PairCheck(table, min_probability=0.0)
+        assert c.lookup(negated, "t", GREEDY) is None  # whatever it would say
 
         c.pair_check = None  # bands: first is above the threshold and passes the guard
         assert c.lookup(query, "t", GREEDY).band == "high"
