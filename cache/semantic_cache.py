@@ -631,6 +631,7 @@ class SemanticCacheStats:
     # few entries for the verifier, or past its top-k)
     verifier_rejections: int = 0  # lower-band candidates the verifier scored below its cut
     pair_rejections: int = 0  # would-be hits the pair classifier scored below its cut (or past its top-k)
+    pair_errors: int = 0  # lookups whose pair classifier raised: a miss
     stores: int = 0
     evictions: int = 0
 
@@ -801,7 +802,13 @@ def select(
             count("pair_rejections")
             break
         paired += 1
-        if cand.pair_probability(pair_check.classifier) >= pair_check.min_probability:
+        try:
+            probability = cand.pair_probability(pair_check.classifier)
+        except Exception:  # a cache must never fail a request: the model's failure is a miss
+            logger.exception("semantic cache: the pair classifier failed; served as a miss")
+            count("pair_errors")
+            return None
+        if probability >= pair_check.min_probability:
             return cand, band
         count("pair_rejections")
     return None

@@ -274,3 +274,27 @@ def test_the_engine_builds_the_semantic_cache_with_its_pair_check_or_not_at_all(
         assert tier.semantic is None and any("semantic cache off" in m for m in logs)
     finally:
         tier.close()
+
+
+class FailingClassifier:
+    def probability(self, pairs):
+        raise RuntimeError("out of memory")
+
+
+def test_a_failing_classifier_is_a_miss_not_a_failed_request(redis_server):
+    stored, query = "How do I tune a guitar?", "What is the way to tune my guitar?"
+    emb = OneHotEmbedder({stored: unit(1, 0), query: unit(0.99, 0.141)})
+    c = SemanticResponseCache(
+        redis_server,
+        f"fp-{uuid.uuid4().hex[:8]}",
+        emb,
+        verifier=None,
+        pair_check=PairCheck(FailingClassifier()),
+    )
+    try:
+        assert c.store(stored, "t", GREEDY, " Use a tuner.")
+        assert c.lookup(query, "t", GREEDY) is None
+        assert c.snapshot()["pair_errors"] == 1
+        assert c.lookup(stored, "t", GREEDY) is not None  # the same question needs no model
+    finally:
+        c.close()
