@@ -120,6 +120,7 @@ class Point:
     correct_on_true: int
     wrong_by_kind: dict[str, int]
     pair_min: float | None = None  # the pair classifier's cut; None: no pair check (bands and verifier)
+    overrule: str | None = None  # guard reasons it may overrule and its cut for them, "a,b@0.9"; None: none
 
     @property
     def precision(self) -> float:
@@ -205,6 +206,7 @@ def score(
     guard: bool,
     p_min: float | None = None,
     pair_min: float | None = None,
+    overrule: str | None = None,
 ) -> Point:
     true_match = {(p.a, p.b) for p in pairs if p.same}
     hits = correct = correct_true = low = low_wrong = 0
@@ -234,6 +236,7 @@ def score(
         correct_true,
         dict(wrong),
         pair_min,
+        overrule,
     )
 
 
@@ -249,6 +252,7 @@ def choose(points: list[Point], min_precision: float, z: float) -> Point | None:
                 p.low_threshold,
                 p.p_min or 1.0,
                 p.pair_min or 0.0,
+                p.overrule is None,
             ),
         )
         if ok
@@ -310,6 +314,20 @@ def sweep_table(points: list[Point], every: float) -> str:
 
 BASE_LOW = 0.50  # the lowest band bottom the grid tries; candidates below it are never looked at
 PAIR_MINS = (0.3, 0.5, 0.7, 0.85)  # the pair classifier's cuts the grid tries, beside no pair check
+# guard reasons it may overrule, and its cut for them, tried with the two lowest cuts
+OVERRULES = tuple(
+    (reasons, cut)
+    for reasons in (("entities", "numbers", "direction"), ("entities", "numbers", "direction", "contrast"))
+    for cut in (0.9, 0.95)
+)
+
+
+def pair_setting(check: PairCheck | None) -> tuple[float | None, str | None]:
+    """(pair_min, overrule) of a pair check, as a Point records them."""
+    if check is None:
+        return None, None
+    overrule = f"{','.join(check.overrules)}@{check.overrule_min}" if check.overrules else None
+    return check.min_probability, overrule
 
 
 def cut_of(verifier: Verifier, point: Point) -> Verifier | None:
@@ -321,6 +339,7 @@ GRID_COLUMNS = (
     "low_threshold",
     "p_min",
     "pair_min",
+    "overrule",
     "hits",
     "correct_hits",
     "precision",
@@ -391,16 +410,16 @@ def grid_points(pairs, ranked, verifier, keep, highs, lows, cuts, pair_checks) -
     (``pair_checks``: None for none), replayed on the kept queries."""
     points = []
     for check in pair_checks:
-        pair_min = None if check is None else check.min_probability
+        pair_min, overrule = pair_setting(check)
         for hi in highs:
             results = replay_all(ranked, hi, hi, None, check)
-            points.append(score(pairs, results, keep, hi, hi, True, None, pair_min))
+            points.append(score(pairs, results, keep, hi, hi, True, None, pair_min, overrule))
             for lo in lows:
                 if lo >= hi:
                     continue
                 for cut in cuts:
                     results = replay_all(ranked, hi, lo, verifier.with_cut(cut, lo), check)
-                    points.append(score(pairs, results, keep, hi, lo, True, cut, pair_min))
+                    points.append(score(pairs, results, keep, hi, lo, True, cut, pair_min, overrule))
     return points
 
 
@@ -457,9 +476,19 @@ def main(argv: list[str] | None = None) -> int:
     pair_checks: list[PairCheck | None] = [None]
     if classifier is not None:
         pair_checks += [PairCheck(classifier, m) for m in PAIR_MINS]
+        pair_checks += [
+            PairCheck(classifier, m, overrules=r, overrule_min=c) for m in PAIR_MINS[:2] for r, c in OVERRULES
+        ]
 
     def check_of(point: Point) -> PairCheck | None:
-        return None if point.pair_min is None else PairCheck(classifier, point.pair_min)
+        if point.pair_min is None:
+            return None
+        if point.overrule is None:
+            return PairCheck(classifier, point.pair_min)
+        reasons, cut = point.overrule.split("@")
+        return PairCheck(
+            classifier, point.pair_min, overrules=tuple(reasons.split(",")), overrule_min=float(cut)
+        )
 
     stored = sorted({p.a for p, m in zip(pairs, main_set) if m})
     stored_fresh = sorted({(p.a, p.tenant) for p in fresh_pairs})
@@ -535,7 +564,15 @@ def main(argv: list[str] | None = None) -> int:
         v = cut_of(verifier or tuned_verifier, point)
         results = replay_all(ranked, point.threshold, point.low_threshold, v, check_of(point))
         return score(
-            pairs, results, keep, point.threshold, point.low_threshold, True, point.p_min, point.pair_min
+            pairs,
+            results,
+            keep,
+            point.threshold,
+            point.low_threshold,
+            True,
+            point.p_min,
+            point.pair_min,
+            point.overrule,
         )
 
     choices = {
@@ -565,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             "low_threshold": point.low_threshold,
             "p_min": point.p_min,
             "pair_min": point.pair_min,
+            "overrule": point.overrule,
             **{k: v.row() for k, v in subsets.items()},
             "_points": subsets,
         }
@@ -598,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
                 "low_threshold": best.low_threshold,
                 "p_min": best.p_min,
                 "pair_min": best.pair_min,
+                "overrule": best.overrule,
                 **measured.row(),
             }
         )
@@ -648,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"- chosen by the {name}: threshold **{entry['threshold']:.2f}**, low_threshold "
             f"**{entry['low_threshold']:.2f}**, verifier p_min **{entry['p_min']}**, pair classifier cut "
-            f"**{entry['pair_min']}**"
+            f"**{entry['pair_min']}**, guard overruled for **{entry['overrule']}**"
         )
         for subset, point in entry["_points"].items():
             lines.append(f"  - {subset}: {point.line()}")
@@ -666,6 +705,7 @@ def main(argv: list[str] | None = None) -> int:
             "low_thresholds": lows,
             "p_min": cuts,
             "pair_min": list(PAIR_MINS),
+            "overrule": [f"{','.join(r)}@{c}" for r, c in OVERRULES],
         },
         "pair_classifier": None if classifier is None else classifier.fitted_on,
         "headline_rule": headline_name,
@@ -710,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
     data_name = args.data.relative_to(REPO_ROOT) if args.data.is_relative_to(REPO_ROOT) else args.data
     headline_line = (
         f"Headline (held-out half, thresholds {headline.threshold:.2f} / {headline.low_threshold:.2f}, "
-        f"p_min {headline.p_min}, pair cut {headline.pair_min}, "
+        f"p_min {headline.p_min}, pair cut {headline.pair_min}, guard overruled for {headline.overrule}, "
         f"chosen on the tuning half by the {headline_name}): {held.line()}."
         if headline and held
         else f"No grid point reaches precision {args.min_precision} on the tuning half."
@@ -721,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
             f.get("low_threshold"),
             f.get("p_min"),
             f.get("pair_min"),
+            f.get("overrule"),
         )
         for f in folds
     ]
@@ -745,7 +786,9 @@ def main(argv: list[str] | None = None) -> int:
         "entry, content-word overlap, question word, length ratio), fitted on the tuning half only "
         f"({tuned_verifier.fitted_on}); the k-fold refits it on each 4/5 (and chooses on the main set only); "
         "with a pair check (pair_min set) a hit the rest would serve is served only when the pair classifier "
-        "scores it at least pair_min, else the next candidate is tried, 2 at most (cache/pair_classifier.py: "
+        "scores it at least pair_min, else the next candidate is tried, 2 at most; with an overrule "
+        "(reasons@cut) a candidate the guard turned down for one of those reasons goes on when the classifier"
+        " scores it at least the cut (cache/pair_classifier.py: "
         "MiniLM as a cross-encoder, LoRA-fitted on "
         f"{classifier.fitted_on if classifier else 'nothing: --no-pair-check'}; none of its pairs is in "
         "any set measured here)\n"
@@ -765,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
         + "\n".join(lines)
         + f"\n\n{FOLDS}-fold estimate (tune on 4/5 by the {headline_name}, measure on 1/5, pooled): "
         f"precision {kfold['precision']}, hit rate {kfold['hit_rate']} ({kfold['hits']} hits); "
-        f"per-fold (threshold, low_threshold, p_min, pair_min) {fold_settings}.\n\n"
+        f"per-fold (threshold, low_threshold, p_min, pair_min, overrule) {fold_settings}.\n\n"
         "Single threshold (low band off), full set, guard on and off:\n\n"
         f"{md_sweep}\n\n![plot](semantic-cache-{args.tag}.png)\n"
     )

@@ -18,6 +18,7 @@ one plain BERT forward pass over the pair in both orders (the mean of the two pr
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -121,24 +122,31 @@ class PairClassifierFile:
 
     @classmethod
     def load(cls, path: Path) -> PairClassifierFile:
-        from safetensors import safe_open
+        import torch
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") != FORMAT or meta.get("version") != str(VERSION):
-                raise ValueError(
-                    f"{path}: not a {FORMAT} v{VERSION} file "
-                    f"(format {meta.get('format')!r}, version {meta.get('version')!r})"
-                )
-            if meta.get("targets") != ",".join(LORA_TARGETS):
-                raise ValueError(f"{path}: fitted on layers {meta.get('targets')!r}, not {LORA_TARGETS}")
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        try:  # a truncated file, an LFS pointer, garbage: SafetensorError, which is neither of the callers'
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                if meta.get("format") != FORMAT or meta.get("version") != str(VERSION):
+                    raise ValueError(
+                        f"{path}: not a {FORMAT} v{VERSION} file "
+                        f"(format {meta.get('format')!r}, version {meta.get('version')!r})"
+                    )
+                if meta.get("targets") != ",".join(LORA_TARGETS):
+                    raise ValueError(f"{path}: fitted on layers {meta.get('targets')!r}, not {LORA_TARGETS}")
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except SafetensorError as exc:
+            raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
         try:
             rank, alpha = int(meta["rank"]), float(meta["alpha"])
         except (KeyError, ValueError) as exc:
             raise ValueError(f"{path}: malformed rank/alpha metadata ({exc})") from exc
-        if rank <= 0:
-            raise ValueError(f"{path}: rank must be positive, got {rank}")
+        if rank <= 0 or not math.isfinite(alpha):
+            raise ValueError(f"{path}: rank must be positive and alpha finite, got {rank}, {alpha}")
+        bad = [k for k, t in tensors.items() if not (t.is_floating_point() and bool(torch.isfinite(t).all()))]
+        if bad:
+            raise ValueError(f"{path}: tensors {bad[:3]} are not finite floating-point values")
         return cls(tensors, rank, alpha, meta.get("base_sha256", ""), meta.get("fitted_on", ""))
 
 
@@ -175,8 +183,9 @@ class PairClassifier:
                     )
                 linear.weight += weights.scale * (b.float() @ a.float())
             head_w, head_b = tensors.get("head.weight"), tensors.get("head.bias")
-            if head_w is None or head_b is None or head_w.shape != (1, self.model.config.hidden_size):
-                raise ValueError("pair classifier file lacks a (1, hidden) head")
+            hidden = self.model.config.hidden_size
+            if head_w is None or head_b is None or head_w.shape != (1, hidden) or head_b.shape != (1,):
+                raise ValueError("pair classifier file lacks a head of weight (1, hidden) and bias (1,)")
             self.head_weight, self.head_bias = head_w.float(), head_b.float()
         if num_threads:
             torch.set_num_threads(num_threads)

@@ -52,6 +52,14 @@ class TrainConfig:
     seed: int = 0
     num_threads: int | None = None
 
+    def __post_init__(self):
+        if self.rank < 1 or self.epochs < 1 or self.batch_size < 1:
+            raise ValueError("rank, epochs and batch_size must be >= 1")
+        if not (self.lr > 0 and math.isfinite(self.lr) and math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError("lr and alpha must be finite and > 0")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be >= 1 (or None: torch's default)")
+
 
 def read_pairs(paths: list[Path]) -> list[LabeledPair]:
     """JSONL rows with string "a" and "b" and a boolean "same"; anything else is an error naming the line."""
@@ -206,16 +214,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    pairs = with_light_edits(read_pairs(args.data))
+    try:
+        pairs = with_light_edits(read_pairs(args.data))
+        config = TrainConfig(
+            rank=args.rank,
+            alpha=2.0 * args.rank,
+            lr=args.lr,
+            epochs=args.epochs,
+            seed=args.seed,
+            num_threads=args.threads,
+        )
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     n_true = sum(p.same for p in pairs)
-    config = TrainConfig(
-        rank=args.rank,
-        alpha=2.0 * args.rank,
-        lr=args.lr,
-        epochs=args.epochs,
-        seed=args.seed,
-        num_threads=args.threads,
-    )
     print(
         f"pair classifier: {len(pairs)} pairs ({n_true} true) from {len(args.data)} files; {config}",
         flush=True,

@@ -88,6 +88,8 @@ LOW_BAND_MAX_OVERLAP = 0.3
 # The pair classifier's cut and how many candidates one lookup may run through it: chosen by
 # bench/semantic_cache.py with the thresholds (bench/results/semantic-cache-cpu.md).
 DEFAULT_PAIR_MIN = 0.3
+DEFAULT_OVERRULES: tuple[str, ...] = ()  # guard reasons it may overrule
+DEFAULT_OVERRULE_MIN = 0.95
 PAIR_TOP_K = 2
 
 _STORE_SCRIPT = """
@@ -632,6 +634,7 @@ class SemanticCacheStats:
     verifier_rejections: int = 0  # lower-band candidates the verifier scored below its cut
     pair_rejections: int = 0  # would-be hits the pair classifier scored below its cut (or past its top-k)
     pair_errors: int = 0  # lookups whose pair classifier raised: a miss
+    guard_overrules: int = 0  # candidates the guard turned down and the pair classifier let through
     stores: int = 0
     evictions: int = 0
 
@@ -686,6 +689,10 @@ class _Query:
 _GUARD = QuestionGuard()
 
 
+def _folded(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
 class Candidate:
     """One eligible stored entry for a query: its cosine, its margin over the best other eligible entry,
     and (lazily) the guard's verdict and the verifier's features."""
@@ -727,9 +734,10 @@ class Candidate:
 
     def pair_probability(self, classifier: PairClassifier) -> float:
         """The cross-encoder's probability that the stored question's answer serves the query; 1 without
-        running it when both have one normal form (``normalize_question``): the same question."""
+        running it for the same text up to case and spacing. Not up to ``normalize_question``, which drops
+        operators and signs: "What is 2*3?" and "What is 2/3?" have one normal form."""
         if self._pair is None:
-            if normalize_question(self.prompt) == self.query.normalized:
+            if _folded(self.prompt) == _folded(self.query.prompt):
                 self._pair = 1.0
             else:
                 self._pair = float(classifier.probability([(self.prompt, self.query.prompt)])[0])
@@ -740,16 +748,37 @@ class Candidate:
 class PairCheck:
     """The last check on a would-be hit (cache/pair_classifier.py): a candidate the guard, the bands and
     the verifier would serve is served only at ``probability >= min_probability``; a rejected one passes
-    the turn to the next candidate. At most ``max_scored`` candidates per lookup go through the model,
-    which bounds a lookup's cost."""
+    the turn to the next candidate. It may also overrule the guard: a candidate the guard turned down for
+    a reason in ``overrules`` (its part before ":", e.g. "entities") goes on as if it had passed when the
+    model gives it at least ``overrule_min``. The guard's word rules also turn down rewordings ("Mac" /
+    "MacBook", a synonym in the same frame) that the model, reading both questions, tells apart. At most
+    ``max_scored`` candidates per lookup go through the model, which bounds a lookup's cost."""
 
     classifier: PairClassifier
     min_probability: float = DEFAULT_PAIR_MIN
     max_scored: int = PAIR_TOP_K
+    overrules: tuple[str, ...] = DEFAULT_OVERRULES
+    overrule_min: float = DEFAULT_OVERRULE_MIN
 
     def __post_init__(self):
         if not 0.0 <= self.min_probability <= 1.0 or self.max_scored < 1:
             raise ValueError("pair check: min_probability in [0, 1] and max_scored >= 1")
+        if not 0.0 <= self.overrule_min <= 1.0:
+            raise ValueError("pair check: overrule_min in [0, 1]")
+
+    def may_overrule(self, reason: str) -> bool:
+        return reason.split(":", 1)[0] in self.overrules
+
+
+def _probability(cand: Candidate, check: PairCheck, count) -> float | None:
+    """The classifier's probability for ``cand``; None when it raised: a cache must never fail a request,
+    so the lookup is a miss."""
+    try:
+        return cand.pair_probability(check.classifier)
+    except Exception:
+        logger.exception("semantic cache: the pair classifier failed; served as a miss")
+        count("pair_errors")
+        return None
 
 
 def select(
@@ -777,9 +806,23 @@ def select(
             continue
         if cand.score < min(low, high):
             break
+        overruled = False
         if not cand.verdict().ok:
-            count("guard_rejections")
-            continue
+            if pair_check is None or not pair_check.may_overrule(cand.verdict().reason):
+                count("guard_rejections")
+                continue
+            if paired >= pair_check.max_scored:
+                count("guard_rejections")
+                continue
+            paired += 1
+            probability = _probability(cand, pair_check, count)
+            if probability is None:
+                return None
+            if probability < pair_check.overrule_min:
+                count("guard_rejections")
+                continue
+            count("guard_overrules")
+            overruled = True
         if cand.score >= high:
             band = "high"
         elif verifier is not None:
@@ -796,17 +839,14 @@ def select(
             continue
         else:
             band = "low"
-        if pair_check is None:
+        if pair_check is None or overruled:  # an overruled candidate was scored above the higher cut
             return cand, band
         if paired >= pair_check.max_scored:
             count("pair_rejections")
             break
         paired += 1
-        try:
-            probability = cand.pair_probability(pair_check.classifier)
-        except Exception:  # a cache must never fail a request: the model's failure is a miss
-            logger.exception("semantic cache: the pair classifier failed; served as a miss")
-            count("pair_errors")
+        probability = _probability(cand, pair_check, count)
+        if probability is None:
             return None
         if probability >= pair_check.min_probability:
             return cand, band

