@@ -88,7 +88,7 @@ LOW_BAND_MAX_OVERLAP = 0.3
 # The pair classifier's cut and how many candidates one lookup may run through it: chosen by
 # bench/semantic_cache.py with the thresholds (bench/results/semantic-cache-cpu.md).
 DEFAULT_PAIR_MIN = 0.3
-DEFAULT_OVERRULES: tuple[str, ...] = ()  # guard reasons it may overrule
+DEFAULT_OVERRULES: tuple[str, ...] = ("entities", "numbers", "direction")  # guard reasons it may overrule
 DEFAULT_OVERRULE_MIN = 0.95
 PAIR_TOP_K = 2
 
