@@ -21,6 +21,11 @@ So a match must pass three checks besides the cosine threshold:
   the rest reworded is a rewording, left to the embedding (on pairs written blind to the guard,
   data/paraphrases-fresh.jsonl, that kept the wrong hits at 5 and raised the correct ones from 25 to 41).
 
+A would-be hit must then also pass the pair classifier (``PairCheck``, cache/pair_classifier.py): MiniLM
+read as a cross-encoder over both questions, which sees the reworded reversals and same-domain topics the
+guard has no words for, and may overrule three of the guard's reasons (other entities, numbers, direction)
+when it is sure.
+
 Queries are normalised before embedding (``normalize_question``: case, contractions, preambles such
 as "can you tell me", one "how do i" opener, punctuation), which moves paraphrases closer. A lower
 cosine band [low_threshold, threshold) is open when the shipped verifier weights load
