@@ -775,15 +775,25 @@ class PairCheck:
         return reason.split(":", 1)[0] in self.overrules
 
 
-def _probability(cand: Candidate, check: PairCheck, count) -> float | None:
-    """The classifier's probability for ``cand``; None when it raised: a cache must never fail a request,
-    so the lookup is a miss."""
-    try:
-        return cand.pair_probability(check.classifier)
-    except Exception:
-        logger.exception("semantic cache: the pair classifier failed; served as a miss")
-        count("pair_errors")
-        return None
+class _PairScorer:
+    """One lookup's use of the pair check, within its budget of ``max_scored`` model runs."""
+
+    def __init__(self, check: PairCheck, count):
+        self.check, self.count, self.used = check, count, 0
+
+    def judge(self, cand: Candidate, cut: float) -> str:
+        """ "yes" (probability >= cut), "no", "spent" (the budget is used up: not run) or "error" (the model
+        raised; counted and logged: a cache must never fail a request, so the lookup is a miss)."""
+        if self.used >= self.check.max_scored:
+            return "spent"
+        self.used += 1
+        try:
+            probability = cand.pair_probability(self.check.classifier)
+        except Exception:
+            logger.exception("semantic cache: the pair classifier failed; served as a miss")
+            self.count("pair_errors")
+            return "error"
+        return "yes" if probability >= cut else "no"
 
 
 def select(
@@ -803,7 +813,8 @@ def select(
     ``LOW_BAND_MAX_OVERLAP`` of its content words ("low"). With ``pair_check``, a candidate chosen so is
     served only if the pair classifier accepts it too (``PairCheck``). ``use_guard=False`` (ablation):
     ``high`` only."""
-    scored = paired = 0
+    scored = 0
+    scorer = None if pair_check is None else _PairScorer(pair_check, count)
     for cand in candidates:
         if not use_guard:
             if cand.score >= high:
@@ -813,17 +824,12 @@ def select(
             break
         overruled = False
         if not cand.verdict().ok:
-            if pair_check is None or not pair_check.may_overrule(cand.verdict().reason):
-                count("guard_rejections")
-                continue
-            if paired >= pair_check.max_scored:
-                count("guard_rejections")
-                continue
-            paired += 1
-            probability = _probability(cand, pair_check, count)
-            if probability is None:
+            judged = "no"
+            if scorer is not None and pair_check.may_overrule(cand.verdict().reason):
+                judged = scorer.judge(cand, pair_check.overrule_min)
+            if judged == "error":
                 return None
-            if probability < pair_check.overrule_min:
+            if judged != "yes":
                 count("guard_rejections")
                 continue
             count("guard_overrules")
@@ -844,18 +850,14 @@ def select(
             continue
         else:
             band = "low"
-        if pair_check is None or overruled:  # an overruled candidate was scored above the higher cut
+        if scorer is None or overruled:  # an overruled candidate was scored above the higher cut
             return cand, band
-        if paired >= pair_check.max_scored:
-            count("pair_rejections")
-            break
-        paired += 1
-        probability = _probability(cand, pair_check, count)
-        if probability is None:
-            return None
-        if probability >= pair_check.min_probability:
-            return cand, band
+        judged = scorer.judge(cand, pair_check.min_probability)
+        if judged in ("yes", "error"):
+            return (cand, band) if judged == "yes" else None
         count("pair_rejections")
+        if judged == "spent":
+            break
     return None
 
 

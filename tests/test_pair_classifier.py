@@ -311,7 +311,7 @@ def test_the_classifier_may_overrule_the_guard_only_for_the_reasons_it_is_given(
         f"fp-{uuid.uuid4().hex[:8]}",
         emb,
         verifier=None,
-        pair_check=PairCheck(table, min_probability=0.3),
+        pair_check=PairCheck(table, min_probability=0.3, overrules=()),
     )
     try:
         assert c.store(stored, "t", GREEDY, " Hold the power button.")
