@@ -73,7 +73,7 @@ DATA = REPO_ROOT / "data" / "paraphrases.jsonl"
 # written later by another blind helper, with harder traps asked for (2026-11-30, not read)
 FRESH = REPO_ROOT / "data" / "paraphrases-fresh.jsonl"
 FRESH2 = REPO_ROOT / "data" / "paraphrases-fresh2.jsonl"
-# written blind like the second, after the pair classifier's training pairs (data/pair-train/) were (not read)
+# written blind like the second, before the pair classifier existed; read only as totals
 FRESH3 = REPO_ROOT / "data" / "paraphrases-fresh3.jsonl"
 RESULTS = REPO_ROOT / "bench" / "results"
 TENANT = "bench"
