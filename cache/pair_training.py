@@ -19,17 +19,16 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cache.embedder import load_checkpoint, mean_pool
 from cache.pair_classifier import (
     DEFAULT_WEIGHTS,
     PairClassifierFile,
     base_fingerprint,
     encode_pairs,
-    load_base,
     lora_targets,
-    mean_pool,
 )
 
 
@@ -160,7 +159,7 @@ def train(
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
-    tokenizer, model, model_dir = load_base(model_dir)
+    tokenizer, model, model_dir = load_checkpoint(model_dir)
     for p in model.parameters():
         p.requires_grad_(False)
     wrapped = _with_lora(model, config.rank, config.alpha, generator)
@@ -242,13 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fitted = train(pairs, config, progress=progress)
     names = ", ".join(sorted({Path(p).name for p in args.data}))
-    fitted = PairClassifierFile(
-        fitted.tensors,
-        fitted.rank,
-        fitted.alpha,
-        fitted.base_sha256,
-        f"{names}: {len(pairs)} pairs, {n_true} true",
-    )
+    fitted = replace(fitted, fitted_on=f"{names}: {len(pairs)} pairs, {n_true} true")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fitted.save(args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB) in {time.monotonic() - started:.0f}s")
