@@ -350,7 +350,8 @@ GRID_COLUMNS = (
 def write_grid(points: list[Point], path: Path) -> None:
     """The grid as CSV: thousands of points, which as JSON objects made the results file 3 MB."""
     lines = [",".join(GRID_COLUMNS)]
-    lines += [",".join("" if (v := p.row()[c]) is None else str(v) for c in GRID_COLUMNS) for p in points]
+    rows = (p.row() for p in points)
+    lines += [",".join("" if row[c] is None else str(row[c]) for c in GRID_COLUMNS) for row in rows]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -431,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         nargs="*",
         default=[FRESH, FRESH2, FRESH3],
-        help="sets of pairs only measured, never tuned on, each on its own (absent files are skipped)",
+        help="sets of pairs measured each on its own (absent files are skipped); only those in --tune-on "
+        "also help choose the setting",
     )
     ap.add_argument("--tag", default="cpu")
     ap.add_argument("--min-precision", type=float, default=0.97)
@@ -480,15 +482,11 @@ def main(argv: list[str] | None = None) -> int:
             PairCheck(classifier, m, overrules=r, overrule_min=c) for m in PAIR_MINS[:2] for r, c in OVERRULES
         ]
 
+    checks_by_setting = {pair_setting(check): check for check in pair_checks}
+
     def check_of(point: Point) -> PairCheck | None:
-        if point.pair_min is None:
-            return None
-        if point.overrule is None:
-            return PairCheck(classifier, point.pair_min)
-        reasons, cut = point.overrule.split("@")
-        return PairCheck(
-            classifier, point.pair_min, overrules=tuple(reasons.split(",")), overrule_min=float(cut)
-        )
+        """The grid's pair check a point was scored with."""
+        return checks_by_setting[(point.pair_min, point.overrule)]
 
     stored = sorted({p.a for p, m in zip(pairs, main_set) if m})
     stored_fresh = sorted({(p.a, p.tenant) for p in fresh_pairs})
