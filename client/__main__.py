@@ -9,7 +9,9 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
+from datetime import datetime, timezone
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -154,10 +156,35 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"print the token a client sends to act as a tenant (needs {SECRET_ENV})",
         description=f"With {SECRET_ENV} set on the server, a request naming a tenant other than 'default' "
         "must carry that tenant's token (input or request parameter tenant_token): an HMAC-SHA256 of the "
-        "name under the secret (scheduler/tenant_auth.py). Give it to that tenant's clients only.",
+        "name and an expiry under the secret (scheduler/tenant_auth.py). Give it to that tenant's clients "
+        "only.",
     )
     token.add_argument("tenant", help="the tenant, as its requests name it")
+    token.add_argument(
+        "--ttl",
+        type=parse_ttl,
+        default=parse_ttl(DEFAULT_TOKEN_TTL),
+        help=f"how long the token is good for: 3600s, 90m, 24h, 30d (default {DEFAULT_TOKEN_TTL}), or "
+        "'never' (only a new secret revokes it; servers with LLM_TENANT_TOKEN_REQUIRE_EXPIRY refuse it)",
+    )
     return parser
+
+
+DEFAULT_TOKEN_TTL = "30d"
+_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_ttl(text: str) -> int | None:
+    """Seconds, or None for "never"."""
+    text = text.strip().lower()
+    if text == "never":
+        return None
+    number, unit = text[:-1], text[-1:]
+    if unit not in _TTL_UNITS or not number.isdigit() or int(number) == 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 3600s, 90m, 24h, 30d or 'never', got {text!r}"
+        )
+    return int(number) * _TTL_UNITS[unit]
 
 
 def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -173,7 +200,11 @@ def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if tenant == DEFAULT_TENANT:
         print(f"error: {DEFAULT_TENANT!r} is the shared tenant and needs no token", file=err)
         return 2
-    print(tenant_token(secret, tenant), file=out)
+    expires_at = None if args.ttl is None else int(time.time()) + args.ttl
+    print(tenant_token(secret, tenant, expires_at), file=out)
+    if expires_at is not None:
+        when = datetime.fromtimestamp(expires_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        print(f"good until {when}", file=err)
     return 0
 
 

@@ -370,6 +370,8 @@ def load_engine(
     engine.tenant_auth = TenantAuth.from_env()
     if not engine.tenant_auth.enabled:
         log(f"tenants are taken as named ({SECRET_ENV} unset): any client may act as any tenant")
+    elif engine.tenant_auth.previous is not None:
+        log("tenant tokens of the previous secret still pass: drop it once the tokens are reissued")
     fingerprint = serving_fingerprint(model_dir, max_len, config.dtype)
     hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
     compile_cache: CompileCache | None = None

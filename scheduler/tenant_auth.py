@@ -7,6 +7,12 @@ the name under the secret, which the operator issues (`python -m client tenant-t
 client cannot compute. Both the scheduler step and the engine check it: Triton serves `llm_engine`
 directly too. `default` needs no token: it is the shared tenant of unauthenticated traffic.
 
+Tokens may expire: `tenant-token NAME --ttl 30d` (the default) signs the tenant with an expiry time, and
+the server refuses the token after it; `--ttl never` issues the old kind, which only a new secret
+revokes, and `LLM_TENANT_TOKEN_REQUIRE_EXPIRY=1` makes the servers refuse those. A secret is rotated
+without refusing live tokens: move it to `LLM_TENANT_SECRET_PREVIOUS`, set the new one, reissue the
+tokens, then drop the previous one.
+
 Without a secret every named tenant is taken as given (development, or every client trusted); the
 engine logs that once when it loads. A gateway that assigns tenants needs the secret too (it sends the
 tokens): the `tenant` input and request parameter both come from the client, and a header Triton
@@ -18,39 +24,77 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from scheduler.errors import RequestError
 from scheduler.validation import DEFAULT_TENANT
 
 SECRET_ENV = "LLM_TENANT_SECRET"
+PREVIOUS_SECRET_ENV = "LLM_TENANT_SECRET_PREVIOUS"  # still accepted while tokens are reissued
+REQUIRE_EXPIRY_ENV = "LLM_TENANT_TOKEN_REQUIRE_EXPIRY"
 _CONTEXT = b"llm-tenant-token-v1\0"  # a token is good for this use only
+_CONTEXT_EXPIRING = b"llm-tenant-token-v2\0"
+TOOL_TOKEN_TTL_S = 24 * 3600  # what operator tools (warmup job, load generator) sign for themselves
+_MAX_EXPIRY_DIGITS = 12  # unix seconds until the year 33658: a longer number is no token of ours
 
 
-def tenant_token(secret: str | bytes, tenant: str) -> str:
-    """The token that lets a request act as `tenant` (hex)."""
-    key = secret.encode("utf-8") if isinstance(secret, str) else secret
-    return hmac.new(key, _CONTEXT + tenant.encode("utf-8"), hashlib.sha256).hexdigest()
+def _key(secret: str | bytes) -> bytes:
+    return secret.encode("utf-8") if isinstance(secret, str) else secret
 
 
-def token_from_env(tenant: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """What an operator's tool (warmup job, load generator, launcher) sends for `tenant`: its token
-    when the secret is in its environment and the tenant needs one, else None."""
+def tenant_token(secret: str | bytes, tenant: str, expires_at: int | None = None) -> str:
+    """The token that lets a request act as `tenant`: hex of an HMAC-SHA256 of it, or with `expires_at`
+    (unix seconds) "EXPIRY.HEX", the expiry signed with the tenant."""
+    if expires_at is None:
+        return hmac.new(_key(secret), _CONTEXT + tenant.encode("utf-8"), hashlib.sha256).hexdigest()
+    if not 0 < expires_at < 10**_MAX_EXPIRY_DIGITS:
+        raise ValueError(f"expires_at must be unix seconds, got {expires_at}")
+    message = _CONTEXT_EXPIRING + tenant.encode("utf-8") + b"\0" + str(expires_at).encode("ascii")
+    return f"{expires_at}.{hmac.new(_key(secret), message, hashlib.sha256).hexdigest()}"
+
+
+def token_from_env(
+    tenant: str | None, environ: Mapping[str, str] = os.environ, now: float | None = None
+) -> str | None:
+    """What an operator's tool (warmup job, load generator, launcher) sends for `tenant`: a token good
+    for `TOOL_TOKEN_TTL_S` when the secret is in its environment and the tenant needs one, else None."""
     secret = environ.get(SECRET_ENV, "")
     if not secret or tenant in (None, "", DEFAULT_TENANT):
         return None
-    return tenant_token(secret, tenant)
+    return tenant_token(secret, tenant, int(time.time() if now is None else now) + TOOL_TOKEN_TTL_S)
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    value = environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
 class TenantAuth:
     secret: bytes | None = None
+    previous: bytes | None = None  # the secret before a rotation: its tokens still pass
+    require_expiry: bool = False  # refuse tokens without an expiry
+    clock: Callable[[], float] = field(default=time.time, compare=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> TenantAuth:
-        value = environ.get(SECRET_ENV, "")
-        return cls(value.encode("utf-8") if value else None)
+        """ValueError for a setting that makes no sense (a previous secret without a current one, a flag
+        that is not true or false): a server must not start half-authenticating."""
+        value, previous = environ.get(SECRET_ENV, ""), environ.get(PREVIOUS_SECRET_ENV, "")
+        if previous and not value:
+            raise ValueError(f"{PREVIOUS_SECRET_ENV} is set but {SECRET_ENV} is not")
+        return cls(
+            value.encode("utf-8") if value else None,
+            previous.encode("utf-8") if previous else None,
+            _flag(environ, REQUIRE_EXPIRY_ENV),
+        )
 
     @property
     def enabled(self) -> bool:
@@ -68,6 +112,20 @@ class TenantAuth:
                 f"tenant {tenant!r} needs its tenant_token (input or request parameter): this server "
                 "authenticates tenants; the operator issues tokens with `python -m client tenant-token NAME`"
             )
-        if not hmac.compare_digest(token.encode("utf-8"), tenant_token(self.secret, tenant).encode("ascii")):
-            raise RequestError.invalid(f"tenant_token is not tenant {tenant!r}'s")
+        expiry, _, _ = token.rpartition(".")
+        if expiry and not (expiry.isdigit() and len(expiry) <= _MAX_EXPIRY_DIGITS and int(expiry) > 0):
+            raise RequestError.invalid(f"tenant_token is not the token of tenant {tenant!r}")
+        expires_at = int(expiry) if expiry else None
+        secrets = [s for s in (self.secret, self.previous) if s is not None]
+        signed = (tenant_token(s, tenant, expires_at).encode("ascii") for s in secrets)
+        if not any(hmac.compare_digest(token.encode("utf-8"), good) for good in signed):
+            raise RequestError.invalid(f"tenant_token is not the token of tenant {tenant!r}")
+        if expires_at is None and self.require_expiry:
+            raise RequestError.invalid(
+                f"tenant {tenant!r}'s tenant_token has no expiry and this server requires one "
+                f"({REQUIRE_EXPIRY_ENV}): ask the operator for a new one (`tenant-token NAME --ttl 30d`)"
+            )
+        if expires_at is not None and expires_at <= self.clock():
+            when = datetime.fromtimestamp(expires_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            raise RequestError.invalid(f"tenant {tenant!r}'s tenant_token expired at {when}")
         return token

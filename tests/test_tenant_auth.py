@@ -15,7 +15,14 @@ from client.__main__ import main as client_main
 from client.generate import input_arrays
 from scheduler.errors import RequestError
 from scheduler.step import SchedulerStep
-from scheduler.tenant_auth import SECRET_ENV, TenantAuth, tenant_token, token_from_env
+from scheduler.tenant_auth import (
+    PREVIOUS_SECRET_ENV,
+    REQUIRE_EXPIRY_ENV,
+    SECRET_ENV,
+    TenantAuth,
+    tenant_token,
+    token_from_env,
+)
 from scheduler.tiers import TierTable
 from scheduler.validation import Limits
 from tests.test_engine_batching import RecordingSink, make_engine, model, request, run_until_idle  # noqa: F401
@@ -37,6 +44,75 @@ def step(auth: TenantAuth) -> SchedulerStep:
 def prepare(s: SchedulerStep, tenant: str | None, token: str | bytes | None = None):
     return s.prepare("What did we decide?", '{"max_tokens": 8}', True, False, None, tenant, time.time_ns(),
                      tenant_token=token)  # fmt: skip
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_expiring_token_passes_until_its_expiry_and_names_it_when_refused():
+    clock = Clock(1_800_000_000.0)
+    auth = TenantAuth(SECRET, clock=clock)
+    token = tenant_token(SECRET, "acme", 1_800_000_060)
+    assert auth.check("acme", token) == token
+    clock.now = 1_800_000_060.0
+    with pytest.raises(RequestError) as info:
+        auth.check("acme", token)
+    assert info.value.code == "INVALID_ARG" and "expired at 2027-01-15 08:01:00 UTC" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "1900000000." + tenant_token(SECRET, "acme", 1_800_000_060).split(".")[1],  # expiry moved on
+        tenant_token(SECRET, "acme", 1_800_000_060).split(".")[1],  # expiry dropped
+        tenant_token(SECRET, "other", 1_900_000_000),
+        tenant_token(b"guess", "acme", 1_900_000_000),
+        "1.5." + "00" * 32,
+        "-1." + "00" * 32,
+        "9" * 40 + "." + "00" * 32,
+        "." + tenant_token(SECRET, "acme"),
+    ],
+)
+def test_an_expiry_cannot_be_moved_or_forged(forged):
+    auth = TenantAuth(SECRET, clock=Clock(1_800_000_000.0))
+    with pytest.raises(RequestError) as info:
+        auth.check("acme", forged)
+    assert "is not the token of tenant 'acme'" in info.value.message
+
+
+def test_a_server_may_require_expiring_tokens():
+    auth = TenantAuth.from_env({SECRET_ENV: SECRET.decode(), REQUIRE_EXPIRY_ENV: "1"})
+    with pytest.raises(RequestError) as info:
+        auth.check("acme", tenant_token(SECRET, "acme"))
+    assert "has no expiry" in info.value.message and REQUIRE_EXPIRY_ENV in info.value.message
+    expiring = token_from_env("acme", {SECRET_ENV: SECRET.decode()})
+    assert auth.check("acme", expiring) == expiring  # the operator tools sign an expiry
+
+
+def test_a_rotated_secret_keeps_its_tokens_until_it_is_dropped():
+    old = tenant_token(SECRET, "acme", 1_900_000_000)
+    rotating = TenantAuth.from_env({SECRET_ENV: "a-new-secret", PREVIOUS_SECRET_ENV: SECRET.decode()})
+    rotating = TenantAuth(rotating.secret, rotating.previous, clock=Clock(1_800_000_000.0))
+    new = tenant_token("a-new-secret", "acme", 1_900_000_000)
+    assert rotating.check("acme", old) == old and rotating.check("acme", new) == new
+    rotated = TenantAuth(b"a-new-secret", clock=Clock(1_800_000_000.0))
+    assert rotated.check("acme", new) == new
+    with pytest.raises(RequestError):
+        rotated.check("acme", old)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{PREVIOUS_SECRET_ENV: "old"}, {SECRET_ENV: "s", REQUIRE_EXPIRY_ENV: "maybe"}],
+)
+def test_settings_that_make_no_sense_refuse_to_start(environ):
+    with pytest.raises(ValueError):
+        TenantAuth.from_env(environ)
 
 
 def test_tokens_are_per_tenant_and_per_secret():
@@ -105,7 +181,9 @@ def test_the_engine_refuses_a_direct_request_for_a_tenant_without_its_token(mode
 def test_operator_tools_send_the_token_of_the_tenant_they_name(monkeypatch):
     monkeypatch.setenv(SECRET_ENV, SECRET.decode())
     arrays = input_arrays("hi", tenant="acme")
-    assert arrays["tenant_token"].tolist() == [tenant_token(SECRET, "acme").encode()]
+    (sent,) = arrays["tenant_token"].tolist()
+    assert TenantAuth(SECRET).check("acme", sent) == sent.decode()
+    assert abs(int(sent.split(b".")[0]) - time.time() - 24 * 3600) < 60  # a day, signed
     assert "tenant_token" not in input_arrays("hi") and "tenant_token" not in input_arrays(
         "hi", tenant="default"
     )
@@ -119,7 +197,20 @@ def test_the_tenant_token_command(monkeypatch):
     assert client_main(["tenant-token", "acme"], out, err) == 2 and SECRET_ENV in err.getvalue()
     monkeypatch.setenv(SECRET_ENV, SECRET.decode())
     assert client_main(["tenant-token", "acme"], out, err) == 0
+    token = out.getvalue().strip()
+    expiry = int(token.split(".")[0])
+    assert token == tenant_token(SECRET, "acme", expiry) and "good until" in err.getvalue()
+    assert abs(expiry - (time.time() + 30 * 86400)) < 60  # 30 days by default
+    assert TenantAuth(SECRET).check("acme", token) == token
+    out = io.StringIO()
+    assert client_main(["tenant-token", "acme", "--ttl", "never"], out, err) == 0
     assert out.getvalue().strip() == tenant_token(SECRET, "acme")
+    out = io.StringIO()
+    assert client_main(["tenant-token", "acme", "--ttl", "90m"], out, err) == 0
+    assert abs(int(out.getvalue().split(".")[0]) - (time.time() + 5400)) < 60
+    for bad in ("0d", "12", "1w", "-5m", "soon"):
+        with pytest.raises(SystemExit):
+            client_main(["tenant-token", "acme", "--ttl", bad], io.StringIO(), io.StringIO())
     assert client_main(["tenant-token", "a b"], io.StringIO(), err) == 2
     assert client_main(["tenant-token", "default"], io.StringIO(), err) == 2
 
