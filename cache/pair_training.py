@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cache.embedder import load_checkpoint, mean_pool
+from cache.pair_augment import LabeledPair, augmented
 from cache.pair_classifier import (
     DEFAULT_WEIGHTS,
     PairClassifierFile,
@@ -30,13 +31,6 @@ from cache.pair_classifier import (
     encode_pairs,
     lora_targets,
 )
-
-
-@dataclass(frozen=True)
-class LabeledPair:
-    a: str
-    b: str
-    same: bool
 
 
 @dataclass(frozen=True)
@@ -78,44 +72,6 @@ def read_pairs(paths: list[Path]) -> list[LabeledPair]:
                 raise ValueError(f"{path}:{n}: 'same' must be true or false")
             out.append(LabeledPair(a, b, same))
     return out
-
-
-# Rewordings that never change what a question asks. Hand-written pairs put almost every small edit in
-# the false pairs (a negation, a swap, another entity) and reword the true ones heavily, so a model fitted
-# on them alone learns "nearly the same words: a trap" and turns down "Do you ship to Canada?" / "Do you
-# offer shipping to Canada?". So the question of every other false pair also trains against a light edit
-# of itself, labeled true: the same question, nearly the same words, next to a trap just as close.
-_LIGHT_EDITS = (  # (what to find, lower-cased; what to put instead)
-    ("how do i ", "how can I "),
-    ("how can i ", "how do I "),
-    ("what is ", "what's "),
-    ("what's ", "what is "),
-    ("what are ", "which are "),
-    ("is it ", "would it be "),
-    ("can i ", "am I able to "),
-    ("should i ", "do I need to "),
-    ("why does ", "what makes "),
-    ("how much ", "what amount of "),
-)
-
-
-def light_edit(text: str) -> str:
-    """``text`` reworded by the first rule of ``_LIGHT_EDITS`` that applies, else lower-cased without its
-    final punctuation; the meaning is the same either way."""
-    lowered = text.lower()
-    for old, new in _LIGHT_EDITS:
-        at = lowered.find(old)
-        if at >= 0:
-            new = new[:1].upper() + new[1:] if at == 0 and text[:1].isupper() else new
-            return text[:at] + new + text[at + len(old) :]
-    return lowered.rstrip(" ?.!")
-
-
-def with_light_edits(pairs: list[LabeledPair]) -> list[LabeledPair]:
-    """``pairs`` plus, for every other false pair, its first question against its ``light_edit`` (true)."""
-    false_questions = list(dict.fromkeys(p.a for p in pairs if not p.same))
-    extra = [LabeledPair(q, light_edit(q), True) for q in false_questions[::2] if light_edit(q) != q]
-    return pairs + extra
 
 
 def _with_lora(model, rank: int, alpha: float, generator):
@@ -212,9 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=TrainConfig.lr)
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--word-rules",
+        action="store_true",
+        help="also train on rule-made synonym swaps, opposite swaps and negations (cache/pair_augment.py; "
+        "measured and not adopted: see docs/INTERNALS.md)",
+    )
     args = parser.parse_args(argv)
     try:
-        pairs = with_light_edits(read_pairs(args.data))
+        pairs = augmented(read_pairs(args.data), seed=args.seed, word_rules=args.word_rules)
         config = TrainConfig(
             rank=args.rank,
             alpha=2.0 * args.rank,

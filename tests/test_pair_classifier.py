@@ -232,22 +232,6 @@ def test_no_training_question_is_in_a_measured_set():
     assert not measured & trained
 
 
-def test_a_light_edit_keeps_the_question():
-    from cache.pair_training import light_edit, with_light_edits
-
-    assert light_edit("How do I tune a guitar?") == "How can I tune a guitar?"
-    assert light_edit("So what is a capo?") == "So what's a capo?"
-    assert light_edit("Did Freud influence Jung?") == "did freud influence jung"
-    pairs = [LabeledPair(f"Is it X{i}?", f"Is it Y{i}?", False) for i in range(4)] + [
-        LabeledPair("a", "b", True)
-    ]
-    extra = with_light_edits(pairs)[len(pairs) :]
-    assert extra == [
-        LabeledPair("Is it X0?", "Would it be X0?", True),
-        LabeledPair("Is it X2?", "Would it be X2?", True),
-    ]
-
-
 def test_the_engine_builds_the_semantic_cache_with_its_pair_check_or_not_at_all(redis_server, monkeypatch):
     from engine.config import EngineConfig
     from engine.detokenize import TokenDecoder
