@@ -11,7 +11,6 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,7 +25,14 @@ from client.metrics import scrape_metrics
 from client.prime import PrimeConfig, prime, prime_once
 from scheduler.errors import RequestError
 from scheduler.messages import CACHE_MODES
-from scheduler.tenant_auth import DEFAULT_TENANT, SECRET_ENV, tenant_token
+from scheduler.tenant_auth import (
+    DEFAULT_TENANT,
+    DEFAULT_TOKEN_TTL,
+    SECRET_ENV,
+    tenant_token,
+    ttl_argument,
+    utc_text,
+)
 from scheduler.validation import validate_tenant
 from client.rewarm import rewarm
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
@@ -162,29 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("tenant", help="the tenant, as its requests name it")
     token.add_argument(
         "--ttl",
-        type=parse_ttl,
-        default=parse_ttl(DEFAULT_TOKEN_TTL),
+        type=ttl_argument,
+        default=ttl_argument(DEFAULT_TOKEN_TTL),
         help=f"how long the token is good for: 3600s, 90m, 24h, 30d (default {DEFAULT_TOKEN_TTL}), or "
         "'never' (only a new secret revokes it; servers with LLM_TENANT_TOKEN_REQUIRE_EXPIRY refuse it)",
     )
     return parser
-
-
-DEFAULT_TOKEN_TTL = "30d"
-_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_ttl(text: str) -> int | None:
-    """Seconds, or None for "never"."""
-    text = text.strip().lower()
-    if text == "never":
-        return None
-    number, unit = text[:-1], text[-1:]
-    if unit not in _TTL_UNITS or not number.isdigit() or int(number) == 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 3600s, 90m, 24h, 30d or 'never', got {text!r}"
-        )
-    return int(number) * _TTL_UNITS[unit]
 
 
 def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -203,8 +192,7 @@ def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     expires_at = None if args.ttl is None else int(time.time()) + args.ttl
     print(tenant_token(secret, tenant, expires_at), file=out)
     if expires_at is not None:
-        when = datetime.fromtimestamp(expires_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        print(f"good until {when}", file=err)
+        print(f"good until {utc_text(expires_at)}", file=err)
     return 0
 
 

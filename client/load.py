@@ -30,6 +30,7 @@ import numpy as np
 
 from client.arrivals import ARRIVAL_KINDS, arrival_times, gap_cv
 from client.generate import GenerationResult, StreamingSession
+from scheduler.tenant_auth import ttl_argument
 from client.workload import (
     DEFAULT_MIX,
     DEFAULT_MODEL_DIR,
@@ -40,6 +41,7 @@ from client.workload import (
     TenantSkew,
     TierMix,
     Workload,
+    EXPORTED_TOKEN_TTL_S,
     export_perf_analyzer_json,
     export_request_intervals,
     read_perf_analyzer_profile,
@@ -362,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-intervals", type=Path, metavar="PATH",
                    help="also write the arrival gaps for perf_analyzer --request-intervals")  # fmt: skip
     p.add_argument("--export-only", action="store_true", help="write the export and exit without sending")
+    p.add_argument("--export-token-ttl", type=ttl_argument, default=EXPORTED_TOKEN_TTL_S, metavar="TTL",
+                   help="how long the tenant tokens in the export are good for (30d by default; 24h, 7d, "
+                   "never)")  # fmt: skip
     p.add_argument("--records", type=Path, metavar="PATH", help="write one JSON line per request here")
     p.add_argument("--summarize-perf-analyzer", type=Path, metavar="PROFILE",
                    help="print per-tier tables of a perf_analyzer --profile-export-file; exit")  # fmt: skip
@@ -402,7 +407,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         f"gap CV {gap_cv(times):.2f}), seed {args.seed}\n"
     )
     if args.export_perf_analyzer:
-        path = export_perf_analyzer_json(planned, args.export_perf_analyzer)
+        path = export_perf_analyzer_json(planned, args.export_perf_analyzer, args.export_token_ttl)
         out.write(f"perf_analyzer input data: {path} ({len(planned)} entries)\n")
     if args.export_intervals and planned:
         path = export_request_intervals(planned, args.export_intervals)

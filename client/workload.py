@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from scheduler.tenant_auth import token_from_env
+from scheduler.tenant_auth import TOOL_TOKEN_TTL_S, token_from_env
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 DEFAULT_MIX: dict[str, float] = {"critical": 0.1, "warmup": 0.05, "standard": 0.55, "batch": 0.3}
@@ -210,7 +210,12 @@ class Workload:
         ]  # fmt: skip
 
 
-def perf_analyzer_entry(request: PlannedRequest) -> dict[str, Any]:
+EXPORTED_TOKEN_TTL_S = 30 * 86400  # an exported input file is replayed for days, not one run
+
+
+def perf_analyzer_entry(
+    request: PlannedRequest, token_ttl_s: int | None = TOOL_TOKEN_TTL_S
+) -> dict[str, Any]:
     """One --input-data entry for the `llm` ensemble: every input with its content and shape [1]."""
 
     def tensor(value: Any) -> dict[str, Any]:
@@ -223,19 +228,22 @@ def perf_analyzer_entry(request: PlannedRequest) -> dict[str, Any]:
         "slo_tier": tensor(request.tier),
         "tenant": tensor(request.tenant),
     }
-    if (token := token_from_env(request.tenant)) is not None:
+    if (token := token_from_env(request.tenant, ttl_s=token_ttl_s)) is not None:
         entry["tenant_token"] = tensor(token)
     return entry
 
 
-def export_perf_analyzer_json(requests: Sequence[PlannedRequest], path: str | Path) -> Path:
+def export_perf_analyzer_json(
+    requests: Sequence[PlannedRequest], path: str | Path, token_ttl_s: int | None = EXPORTED_TOKEN_TTL_S
+) -> Path:
     """Write perf_analyzer's --input-data JSON ({"data": [entry, ...]}); perf_analyzer sends the entries
-    in order (its own pacing replaces `at_s`). BYTES inputs are plain strings, BOOL a JSON bool."""
+    in order (its own pacing replaces `at_s`). BYTES inputs are plain strings, BOOL a JSON bool. Tenant
+    tokens (with the secret in the environment) are signed for `token_ttl_s`: a file is replayed later."""
     if not requests:
         raise ValueError("no requests to export; perf_analyzer needs at least one input data entry")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"data": [perf_analyzer_entry(r) for r in requests]}
+    payload = {"data": [perf_analyzer_entry(r, token_ttl_s) for r in requests]}
     path.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 

@@ -21,9 +21,11 @@ forwards as a parameter loses to the client's own `tenant` tensor.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +41,35 @@ _CONTEXT = b"llm-tenant-token-v1\0"  # a token is good for this use only
 _CONTEXT_EXPIRING = b"llm-tenant-token-v2\0"
 TOOL_TOKEN_TTL_S = 24 * 3600  # what operator tools (warmup job, load generator) sign for themselves
 _MAX_EXPIRY_DIGITS = 12  # unix seconds until the year 33658: a longer number is no token of ours
+_EXPIRY = re.compile(f"[0-9]{{1,{_MAX_EXPIRY_DIGITS}}}")
+MAX_TTL_S = 10 * 365 * 86400  # what `tenant-token --ttl` signs at most: ten years
+
+
+DEFAULT_TOKEN_TTL = "30d"  # what `tenant-token` signs unless told otherwise
+_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def ttl_argument(text: str) -> int | None:
+    """An argparse type for a token's lifetime: seconds from "3600s", "90m", "24h", "30d"; None for
+    "never"."""
+    text = text.strip().lower()
+    if text == "never":
+        return None
+    number, unit = text[:-1], text[-1:]
+    if unit not in _TTL_UNITS or not (number.isascii() and number.isdigit()) or int(number) == 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 3600s, 90m, 24h, 30d or 'never', got {text!r}"
+        )
+    seconds = int(number) * _TTL_UNITS[unit]
+    if seconds > MAX_TTL_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than {MAX_TTL_S // 86400}d; use 'never' for a token that does not expire"
+        )
+    return seconds
+
+
+def utc_text(unix_s: int) -> str:
+    return datetime.fromtimestamp(unix_s, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _key(secret: str | bytes) -> bytes:
@@ -57,14 +88,19 @@ def tenant_token(secret: str | bytes, tenant: str, expires_at: int | None = None
 
 
 def token_from_env(
-    tenant: str | None, environ: Mapping[str, str] = os.environ, now: float | None = None
+    tenant: str | None,
+    environ: Mapping[str, str] = os.environ,
+    now: float | None = None,
+    ttl_s: int | None = TOOL_TOKEN_TTL_S,
 ) -> str | None:
     """What an operator's tool (warmup job, load generator, launcher) sends for `tenant`: a token good
-    for `TOOL_TOKEN_TTL_S` when the secret is in its environment and the tenant needs one, else None."""
+    for `ttl_s` (None: one that never expires) when the secret is in its environment and the tenant
+    needs one, else None."""
     secret = environ.get(SECRET_ENV, "")
     if not secret or tenant in (None, "", DEFAULT_TENANT):
         return None
-    return tenant_token(secret, tenant, int(time.time() if now is None else now) + TOOL_TOKEN_TTL_S)
+    expires_at = None if ttl_s is None else int(time.time() if now is None else now) + ttl_s
+    return tenant_token(secret, tenant, expires_at)
 
 
 def _flag(environ: Mapping[str, str], name: str) -> bool:
@@ -88,12 +124,17 @@ class TenantAuth:
         """ValueError for a setting that makes no sense (a previous secret without a current one, a flag
         that is not true or false): a server must not start half-authenticating."""
         value, previous = environ.get(SECRET_ENV, ""), environ.get(PREVIOUS_SECRET_ENV, "")
-        if previous and not value:
-            raise ValueError(f"{PREVIOUS_SECRET_ENV} is set but {SECRET_ENV} is not")
+        require_expiry = _flag(environ, REQUIRE_EXPIRY_ENV)
+        for name, needs_secret in (
+            (PREVIOUS_SECRET_ENV, bool(previous)),
+            (REQUIRE_EXPIRY_ENV, require_expiry),
+        ):
+            if needs_secret and not value:
+                raise ValueError(f"{name} is set but {SECRET_ENV} is not: tenants would be taken as named")
         return cls(
             value.encode("utf-8") if value else None,
             previous.encode("utf-8") if previous else None,
-            _flag(environ, REQUIRE_EXPIRY_ENV),
+            require_expiry,
         )
 
     @property
@@ -107,18 +148,21 @@ class TenantAuth:
             return ""
         if isinstance(token, bytes):
             token = token.decode("utf-8", errors="replace")
+        if not isinstance(token, (str, type(None))):  # a request parameter may be an int or a bool
+            raise RequestError.invalid(f"tenant_token must be a string, got {type(token).__name__}")
         if not token:
             raise RequestError.invalid(
                 f"tenant {tenant!r} needs its tenant_token (input or request parameter): this server "
                 "authenticates tenants; the operator issues tokens with `python -m client tenant-token NAME`"
             )
         expiry, _, _ = token.rpartition(".")
-        if expiry and not (expiry.isdigit() and len(expiry) <= _MAX_EXPIRY_DIGITS and int(expiry) > 0):
+        if expiry and not (_EXPIRY.fullmatch(expiry) and int(expiry) > 0):  # ASCII digits: "²".isdigit()
             raise RequestError.invalid(f"tenant_token is not the token of tenant {tenant!r}")
         expires_at = int(expiry) if expiry else None
         secrets = [s for s in (self.secret, self.previous) if s is not None]
         signed = (tenant_token(s, tenant, expires_at).encode("ascii") for s in secrets)
-        if not any(hmac.compare_digest(token.encode("utf-8"), good) for good in signed):
+        sent = token.encode("utf-8", errors="replace")  # a lone surrogate: no token of ours either
+        if not any(hmac.compare_digest(sent, good) for good in signed):
             raise RequestError.invalid(f"tenant_token is not the token of tenant {tenant!r}")
         if expires_at is None and self.require_expiry:
             raise RequestError.invalid(
@@ -126,6 +170,5 @@ class TenantAuth:
                 f"({REQUIRE_EXPIRY_ENV}): ask the operator for a new one (`tenant-token NAME --ttl 30d`)"
             )
         if expires_at is not None and expires_at <= self.clock():
-            when = datetime.fromtimestamp(expires_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-            raise RequestError.invalid(f"tenant {tenant!r}'s tenant_token expired at {when}")
+            raise RequestError.invalid(f"tenant {tenant!r}'s tenant_token expired at {utc_text(expires_at)}")
         return token

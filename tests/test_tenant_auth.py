@@ -5,10 +5,13 @@ directly too); without one, tenants are taken as named."""
 from __future__ import annotations
 
 import io
+import json
 import time
 import uuid
+from pathlib import Path
 
 import pytest
+import yaml
 
 from cache.response_cache import ExactResponseCache
 from client.__main__ import main as client_main
@@ -85,6 +88,35 @@ def test_an_expiry_cannot_be_moved_or_forged(forged):
     assert "is not the token of tenant 'acme'" in info.value.message
 
 
+HEX = tenant_token(SECRET, "acme", 1_900_000_000).split(".")[1]
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "\u00b2." + HEX,
+        "\u2460." + HEX,
+        "\u00b9" * 10 + "." + HEX,
+        5,
+        True,
+        1.5,
+        "\ud800",
+        f"1900000000.{HEX[:-1]}\udc80",
+    ],
+)
+def test_hostile_tokens_are_a_clear_request_error_never_an_internal_one(token):
+    """Found in review: "²".isdigit() is true and int("²") raises; an int request parameter or a lone
+    surrogate raised AttributeError / UnicodeEncodeError, which the scheduler turns into INTERNAL."""
+    auth = TenantAuth(SECRET, clock=Clock(1_800_000_000.0))
+    with pytest.raises(RequestError) as info:
+        auth.check("acme", token)
+    assert info.value.code == "INVALID_ARG"
+    with pytest.raises(RequestError):
+        prepare(
+            step(auth), "acme", token.encode("utf-8", "surrogatepass") if isinstance(token, str) else token
+        )
+
+
 def test_a_server_may_require_expiring_tokens():
     auth = TenantAuth.from_env({SECRET_ENV: SECRET.decode(), REQUIRE_EXPIRY_ENV: "1"})
     with pytest.raises(RequestError) as info:
@@ -108,7 +140,7 @@ def test_a_rotated_secret_keeps_its_tokens_until_it_is_dropped():
 
 @pytest.mark.parametrize(
     "environ",
-    [{PREVIOUS_SECRET_ENV: "old"}, {SECRET_ENV: "s", REQUIRE_EXPIRY_ENV: "maybe"}],
+    [{PREVIOUS_SECRET_ENV: "old"}, {SECRET_ENV: "s", REQUIRE_EXPIRY_ENV: "maybe"}, {REQUIRE_EXPIRY_ENV: "1"}],
 )
 def test_settings_that_make_no_sense_refuse_to_start(environ):
     with pytest.raises(ValueError):
@@ -208,11 +240,54 @@ def test_the_tenant_token_command(monkeypatch):
     out = io.StringIO()
     assert client_main(["tenant-token", "acme", "--ttl", "90m"], out, err) == 0
     assert abs(int(out.getvalue().split(".")[0]) - (time.time() + 5400)) < 60
-    for bad in ("0d", "12", "1w", "-5m", "soon"):
+    for bad in ("0d", "12", "1w", "-5m", "soon", "\u00b2d", "3651d", "20000000d", "99999999999999999999s"):
         with pytest.raises(SystemExit):
             client_main(["tenant-token", "acme", "--ttl", bad], io.StringIO(), io.StringIO())
     assert client_main(["tenant-token", "a b"], io.StringIO(), err) == 2
     assert client_main(["tenant-token", "default"], io.StringIO(), err) == 2
+
+
+def test_an_exported_perf_analyzer_input_is_good_for_its_ttl(monkeypatch, tmp_path):
+    """Found in review: the export's tokens were the tools' 24 h ones, and a file is replayed later."""
+    from client.load import main as load_main
+
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+
+    def exported(*ttl: str) -> str:
+        path = tmp_path / "in.json"
+        args = ["--count", "4", "--tenants", "2", "--export-perf-analyzer", str(path), "--export-only", *ttl]
+        assert load_main(args, io.StringIO(), io.StringIO()) == 0
+        entries = json.loads(path.read_text())["data"]
+        return next(e["tenant_token"]["content"][0] for e in entries if "tenant_token" in e)
+
+    token = exported()
+    later = TenantAuth(SECRET, clock=Clock(time.time() + 29 * 86400))
+    tenant = next(
+        t
+        for t in (f"tenant-{i}" for i in range(2))
+        if tenant_token(SECRET, t, int(token.split(".")[0])) == token
+    )
+    assert later.check(tenant, token) == token
+    assert "." not in exported("--export-token-ttl", "never")
+    with pytest.raises(SystemExit):
+        load_main(["--export-token-ttl", "soon"], io.StringIO(), io.StringIO())
+
+
+def test_the_compose_and_k8s_servers_get_the_rotation_settings():
+    """Found in review: only LLM_TENANT_SECRET reached the container, so the README's rotation refused
+    every live token."""
+    root = Path(__file__).resolve().parents[1] / "docker"
+    env = yaml.safe_load((root / "compose.yaml").read_text())["services"]["triton"]["environment"]
+    assert {SECRET_ENV, PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV} <= set(env)
+    (deployment,) = [
+        d
+        for d in yaml.safe_load_all((root / "k8s" / "server.yaml").read_text())
+        if d and d["kind"] in ("Deployment", "StatefulSet")
+    ]
+    names = {
+        e["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])
+    }
+    assert {SECRET_ENV, PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV} <= names
 
 
 def test_generate_takes_a_tenant_token_on_the_command_line():

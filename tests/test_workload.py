@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,7 +110,10 @@ def test_perf_analyzer_json_shape(tmp_path: Path) -> None:
     assert list(data) == ["data"] and len(data["data"]) == 2
     entry = data["data"][0]
     assert set(entry) == {"text_input", "stream", "sampling_parameters", "slo_tier", "tenant", "tenant_token"}
-    assert entry["tenant_token"]["content"] == [token_from_env("tenant-0")]  # the suite's secret is set
+    (token,) = entry["tenant_token"]["content"]  # the suite's secret is set: signed for 30 days
+    expiry = int(token.split(".")[0])
+    assert token == token_from_env("tenant-0", now=expiry - 30 * 86400, ttl_s=30 * 86400)
+    assert abs(expiry - time.time() - 30 * 86400) < 60
     assert all(v["shape"] == [1] and len(v["content"]) == 1 for v in entry.values())
     assert entry["text_input"]["content"] == ['say "hi"\nüñí']
     assert entry["stream"]["content"] == [True]
