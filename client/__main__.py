@@ -187,8 +187,11 @@ def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"error: {exc}", file=err)
         return 2
     if tenant == DEFAULT_TENANT:
-        print(f"error: {DEFAULT_TENANT!r} is the shared tenant and needs no token", file=err)
-        return 2
+        print(
+            f"note: {DEFAULT_TENANT!r} is the shared tenant: its token is needed only for restricted tiers "
+            "(scheduler/tiers.yaml)",
+            file=err,
+        )
     expires_at = None if args.ttl is None else int(time.time()) + args.ttl
     print(tenant_token(secret, tenant, expires_at), file=out)
     if expires_at is not None:

@@ -21,6 +21,13 @@ def expand_env(value: str) -> str:
     return os.environ.get(match["name"]) or (match["default"] or "")  # `:-`: unset or empty, as in a shell
 
 
+def triton_warmup_requests(model_config: dict) -> int:
+    """How many requests Triton's `model_warmup` samples send: Triton sends them after initialize() and
+    before the model is READY, so nothing else can reach it first; those are the engine's own (they need
+    no tenant token at the restricted warmup tier)."""
+    return sum(int(sample.get("count") or 1) for sample in model_config.get("model_warmup", []))
+
+
 def parse_bool(key: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):

@@ -134,9 +134,12 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, request: EngineRequest) -> None:
-        """Queue a request; raises RequestError when it can never run here."""
-        self.tenant_auth.check(request.params.tenant, request.params.tenant_token)
+    def submit(self, request: EngineRequest, own: bool = False) -> None:
+        """Queue a request; raises RequestError when it can never run here. `own`: the engine's warmup
+        requests, which need no tenant token."""
+        if not own:
+            tier = self.tiers.get(request.params.tier)  # an unknown tier: INVALID_ARG
+            self.tenant_auth.check(request.params.tenant, request.params.tenant_token, tier)
         length = len(request.prompt_ids)
         if length == 0:
             raise RequestError.invalid("input_ids is empty; send at least one token")

@@ -323,7 +323,8 @@ def run_warmup(
         observer, engine.observer = engine.observer, EngineObserver()
         try:
             for index, params in enumerate(_WARMUP_REQUESTS):
-                engine.submit(EngineRequest(f"warmup-{index}", [1, 2, 3], params, 2, 0, _DiscardSink()))
+                request = EngineRequest(f"warmup-{index}", [1, 2, 3], params, 2, 0, _DiscardSink())
+                engine.submit(request, own=True)
                 while engine.step():
                     pass
         finally:

@@ -60,9 +60,10 @@ class SchedulerStep:
             now_ns=now_ns,
             cache=cache,
         )
-        if token := self.tenant_auth.check(params.tenant, tenant_token):  # the engine checks it again
+        tier_of_request = self.tiers.get(params.tier)
+        if token := self.tenant_auth.check(params.tenant, tenant_token, tier_of_request):  # engine: again
             params = replace(params, tenant_token=token)
         if self.exact_fingerprint and params.uses_response_cache and is_deterministic(params):
             params = replace(params, response_key=exact_key(self.exact_fingerprint, ids, params))
-        priority, deadline_ns = assign(self.tiers.get(params.tier), now_ns)
+        priority, deadline_ns = assign(tier_of_request, now_ns)
         return PreparedRequest(ids, params, priority, deadline_ns)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from scheduler.errors import RequestError
+from scheduler.tiers import Tier
 from scheduler.validation import DEFAULT_TENANT
 
 SECRET_ENV = "LLM_TENANT_SECRET"
@@ -93,12 +94,13 @@ def token_from_env(
     now: float | None = None,
     ttl_s: int | None = TOOL_TOKEN_TTL_S,
 ) -> str | None:
-    """What an operator's tool (warmup job, load generator, launcher) sends for `tenant`: a token good
-    for `ttl_s` (None: one that never expires) when the secret is in its environment and the tenant
-    needs one, else None."""
+    """What an operator's tool (warmup job, load generator, launcher) sends for `tenant` (None: default):
+    a token good for `ttl_s` (None: one that never expires) when the secret is in its environment, else
+    None. The tools send `default`'s too: they use the restricted tiers (warmup, critical)."""
     secret = environ.get(SECRET_ENV, "")
-    if not secret or tenant in (None, "", DEFAULT_TENANT):
+    if not secret:
         return None
+    tenant = tenant or DEFAULT_TENANT  # default's token: for the restricted tiers
     expires_at = None if ttl_s is None else int(time.time() if now is None else now) + ttl_s
     return tenant_token(secret, tenant, expires_at)
 
@@ -141,15 +143,23 @@ class TenantAuth:
     def enabled(self) -> bool:
         return self.secret is not None
 
-    def check(self, tenant: str, token: str | bytes | None) -> str:
+    def check(self, tenant: str, token: str | bytes | None, tier: Tier | None = None) -> str:
         """The verified token ("" when none is needed); RequestError (INVALID_ARG) unless the request
-        may act as `tenant`."""
-        if self.secret is None or tenant == DEFAULT_TENANT:
+        may act as `tenant` at `tier`. A restricted tier needs a token, `default`'s included: anonymous
+        traffic may not jump the queue or, at the warmup tier, write the caches at once."""
+        if self.secret is None:
             return ""
         if isinstance(token, bytes):
             token = token.decode("utf-8", errors="replace")
         if not isinstance(token, (str, type(None))):  # a request parameter may be an int or a bool
             raise RequestError.invalid(f"tenant_token must be a string, got {type(token).__name__}")
+        if tenant == DEFAULT_TENANT and not token:
+            if tier is not None and tier.restricted:
+                raise RequestError.invalid(
+                    f"slo_tier {tier.name!r} is restricted to clients with a tenant_token (for 'default' too:"
+                    " the operator issues it with `python -m client tenant-token default`)"
+                )
+            return ""
         if not token:
             raise RequestError.invalid(
                 f"tenant {tenant!r} needs its tenant_token (input or request parameter): this server "

@@ -19,7 +19,7 @@ from scheduler.errors import RequestError
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("tiers.yaml")
 DEFAULT_TIER_NAME = "standard"
 DEFAULT_CPU_SCALE = 10.0
-_TIER_KEYS = ("priority", "ttft_target_ms", "percentile", "sheddable", "max_queue_ms")
+_TIER_KEYS = ("priority", "ttft_target_ms", "percentile", "sheddable", "max_queue_ms", "restricted")
 
 
 def _positive_number(value: object) -> bool:
@@ -36,6 +36,8 @@ class Tier:
     percentile: float = 95.0
     sheddable: bool = False
     max_queue_ms: float = 10_000.0
+    # with a tenant secret, only requests carrying a valid tenant token may use it (scheduler/tenant_auth.py)
+    restricted: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -50,6 +52,8 @@ class Tier:
             raise TypeError(f"tier {self.name!r}: sheddable must be a bool, got {self.sheddable!r}")
         if not _positive_number(self.max_queue_ms):
             raise ValueError(f"tier {self.name!r}: max_queue_ms must be > 0, got {self.max_queue_ms!r}")
+        if not isinstance(self.restricted, bool):
+            raise TypeError(f"tier {self.name!r}: restricted must be a bool, got {self.restricted!r}")
 
     @property
     def ttft_target_ns(self) -> int:
@@ -67,8 +71,8 @@ class Tier:
 
 
 DEFAULT_TIERS: tuple[Tier, ...] = (
-    Tier("critical", 1, 120.0, 99.0, False, 2_000.0),
-    Tier("warmup", 2, 250.0, 95.0, False, 10_000.0),
+    Tier("critical", 1, 120.0, 99.0, False, 2_000.0, restricted=True),
+    Tier("warmup", 2, 250.0, 95.0, False, 10_000.0, restricted=True),
     Tier("standard", 3, 500.0, 95.0, False, 10_000.0),
     Tier("batch", 4, 5_000.0, 90.0, True, 60_000.0),
 )

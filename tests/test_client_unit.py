@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from client.__main__ import build_parser, format_stats, main, sampling_from_args
+from scheduler.tenant_auth import SECRET_ENV
 from client.generate import (
     GenerationError,
     GenerationResult,
@@ -42,7 +43,8 @@ def contents(prompt: str, **options: object) -> dict[str, tuple[str, list[int], 
     return out
 
 
-def test_minimal_inputs() -> None:
+def test_minimal_inputs(monkeypatch) -> None:
+    monkeypatch.delenv(SECRET_ENV)  # with it, the tools also send default's token (test_tenant_auth.py)
     assert contents("héllo 🙂") == {
         "text_input": ("BYTES", [1], ["héllo 🙂"]),
         "stream": ("BOOL", [1], [True]),
@@ -191,7 +193,8 @@ def fake() -> Iterator[tuple[str, FakeLLM]]:
     server.stop(grace=None)
 
 
-def test_generate_streams_pieces(fake: tuple[str, FakeLLM]) -> None:
+def test_generate_streams_pieces(fake: tuple[str, FakeLLM], monkeypatch) -> None:
+    monkeypatch.delenv(SECRET_ENV)  # the inputs as sent without the operator's secret
     url, servicer = fake
     seen: list[str] = []
     result = generate(url, "one two three", sampling={"max_tokens": 3}, tier="critical", on_piece=seen.append)

@@ -44,6 +44,11 @@ def step(auth: TenantAuth) -> SchedulerStep:
     )
 
 
+def prepare_at(s: SchedulerStep, tenant: str | None, tier: str, token: str | bytes | None = None):
+    return s.prepare("What did we decide?", '{"max_tokens": 8}', True, False, tier, tenant, time.time_ns(),
+                     tenant_token=token)  # fmt: skip
+
+
 def prepare(s: SchedulerStep, tenant: str | None, token: str | bytes | None = None):
     return s.prepare("What did we decide?", '{"max_tokens": 8}', True, False, None, tenant, time.time_ns(),
                      tenant_token=token)  # fmt: skip
@@ -115,6 +120,38 @@ def test_hostile_tokens_are_a_clear_request_error_never_an_internal_one(token):
         prepare(
             step(auth), "acme", token.encode("utf-8", "surrogatepass") if isinstance(token, str) else token
         )
+
+
+@pytest.mark.parametrize("tier", ["critical", "warmup"])
+def test_a_restricted_tier_needs_a_token_default_included(tier):
+    """Anonymous traffic may not jump the queue, nor write the caches at once as warmup traffic does."""
+    tiers = TierTable.defaults()
+    auth = TenantAuth(SECRET)
+    with pytest.raises(RequestError) as info:
+        auth.check("default", None, tiers.get(tier))
+    assert info.value.code == "INVALID_ARG" and f"slo_tier {tier!r} is restricted" in info.value.message
+    with pytest.raises(RequestError):
+        prepare_at(step(auth), None, tier)
+    with pytest.raises(RequestError):  # someone else's token does not open it either
+        auth.check("default", tenant_token(SECRET, "acme", 1_900_000_000), tiers.get(tier))
+    token = tenant_token(SECRET, "default", int(time.time()) + 60)
+    assert prepare_at(step(auth), None, tier, token).params.tier == tier
+    assert prepare_at(step(auth), "acme", tier, tenant_token(SECRET, "acme")).params.tier == tier
+    assert prepare_at(step(TenantAuth()), None, tier).params.tier == tier  # no secret: open
+    for open_tier in ("standard", "batch"):
+        assert prepare_at(step(auth), None, open_tier).params.tenant_token == ""
+
+
+def test_the_engine_refuses_a_direct_restricted_request_but_runs_its_own_warmup(model):  # noqa: F811
+    engine = make_engine(model)
+    engine.tenant_auth = TenantAuth(SECRET)
+    with pytest.raises(RequestError) as info:
+        engine.submit(request([1, 5, 6], RecordingSink(), "d", tier="critical"))
+    assert "restricted" in info.value.message
+    sink = RecordingSink()
+    engine.submit(request([1, 5, 6], sink, "w", tier="warmup"), own=True)
+    run_until_idle(engine)
+    assert sink.finished and not sink.errors
 
 
 def test_a_server_may_require_expiring_tokens():
@@ -216,9 +253,10 @@ def test_operator_tools_send_the_token_of_the_tenant_they_name(monkeypatch):
     (sent,) = arrays["tenant_token"].tolist()
     assert TenantAuth(SECRET).check("acme", sent) == sent.decode()
     assert abs(int(sent.split(b".")[0]) - time.time() - 24 * 3600) < 60  # a day, signed
-    assert "tenant_token" not in input_arrays("hi") and "tenant_token" not in input_arrays(
-        "hi", tenant="default"
-    )
+    for default in (input_arrays("hi"), input_arrays("hi", tenant="default")):  # for the restricted tiers
+        (sent,) = default["tenant_token"].tolist()
+        critical = TierTable.defaults().get("critical")
+        assert TenantAuth(SECRET).check("default", sent, critical) == sent.decode()
     assert "tenant_token" not in input_arrays("hi", tenant="acme", tenant_token="")  # "": none, as asked
     assert token_from_env("acme", {}) is None
 
@@ -244,7 +282,9 @@ def test_the_tenant_token_command(monkeypatch):
         with pytest.raises(SystemExit):
             client_main(["tenant-token", "acme", "--ttl", bad], io.StringIO(), io.StringIO())
     assert client_main(["tenant-token", "a b"], io.StringIO(), err) == 2
-    assert client_main(["tenant-token", "default"], io.StringIO(), err) == 2
+    out, err = io.StringIO(), io.StringIO()
+    assert client_main(["tenant-token", "default"], out, err) == 0 and "restricted tiers" in err.getvalue()
+    assert TenantAuth(SECRET).check("default", out.getvalue().strip()) == out.getvalue().strip()
 
 
 def test_an_exported_perf_analyzer_input_is_good_for_its_ttl(monkeypatch, tmp_path):
@@ -296,3 +336,14 @@ def test_generate_takes_a_tenant_token_on_the_command_line():
     args = build_parser().parse_args(["generate", "hi", "--tenant", "acme", "--tenant-token", "abc"])
     assert (args.tenant, args.tenant_token) == ("acme", "abc")
     assert build_parser().parse_args(["generate", "hi"]).tenant_token is None  # None: made from the secret
+
+
+def test_tritons_warmup_samples_are_counted_from_the_model_config():
+    """They run before the model is READY, so the first ones the engine's adapter sees are those: its own."""
+    from engine.config import triton_warmup_requests
+
+    config = Path(__file__).resolve().parents[1] / "model_repository" / "llm_engine" / "config.pbtxt"
+    assert "count: 2" in config.read_text()  # what the shipped config's first_request sample sends
+    assert triton_warmup_requests({"model_warmup": [{"name": "first_request", "count": 2}]}) == 2
+    assert triton_warmup_requests({"model_warmup": [{"name": "a"}, {"name": "b", "count": 3}]}) == 4
+    assert triton_warmup_requests({}) == 0

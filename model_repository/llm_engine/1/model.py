@@ -1,5 +1,6 @@
 """Triton adapter for the engine: DLPack tensors in, streamed token windows out (numpy-free)."""
 
+import json
 import os
 import threading
 from dataclasses import asdict
@@ -13,7 +14,7 @@ from adapters.stub_messages import serialized, serialized_log
 from adapters.triton_common import log_event, model_parameters, triton_error
 from engine.cancel_mailbox import CancelMailbox, request_keys
 from engine.cancel_poll import ENGINE_CANCEL_POLL_S, PollSchedule, ThrottledCancelCheck
-from engine.config import EngineConfig
+from engine.config import EngineConfig, triton_warmup_requests
 from engine.loader import load_engine
 from engine.requests import EngineRequest
 from scheduler.errors import RequestError
@@ -89,6 +90,7 @@ class TritonPythonModel:
         mailbox = CancelMailbox(self.config.cancel_dir)
         mailbox.open_inbox(self.namespace)
         self.keys = request_keys()
+        self.triton_warmup_left = triton_warmup_requests(json.loads(args["model_config"]))
         loaded = load_engine(
             self.config,
             observer,
@@ -110,6 +112,7 @@ class TritonPythonModel:
         for request in requests:
             key = next(self.keys)
             sink = TritonSink(request, [self.namespace, key], self.messages)
+            own, self.triton_warmup_left = self.triton_warmup_left > 0, max(0, self.triton_warmup_left - 1)
             try:
                 params = EngineRequestParams.from_bytes(bytes(_input(request, "request_params").tolist()))
                 self.engine.submit(
@@ -120,7 +123,8 @@ class TritonPythonModel:
                         priority=int(_input(request, "priority")[0]),
                         deadline_ns=int(_input(request, "deadline_ns")[0]),
                         sink=sink,
-                    )
+                    ),
+                    own=own,
                 )
             except RequestError as exc:
                 sink.fail(exc.code, exc.message)
