@@ -24,8 +24,14 @@ def expand_env(value: str) -> str:
 def triton_warmup_requests(model_config: dict) -> int:
     """How many requests Triton's `model_warmup` samples send: Triton sends them after initialize() and
     before the model is READY, so nothing else can reach it first; those are the engine's own (they need
-    no tenant token at the restricted warmup tier)."""
-    return sum(int(sample.get("count") or 1) for sample in model_config.get("model_warmup", []))
+    no token at a restricted tier). As Triton's core does it (backend_model_instance.cc): a sample of
+    batch_size 0 (or none) is skipped, others send batch_size requests max(count, 1) times."""
+    total = 0
+    for sample in model_config.get("model_warmup", []):
+        batch = int(sample.get("batch_size") or 0)
+        if batch > 0:
+            total += batch * max(int(sample.get("count") or 0), 1)
+    return total
 
 
 def parse_bool(key: str, value: str) -> bool:

@@ -136,10 +136,10 @@ class Engine:
 
     def submit(self, request: EngineRequest, own: bool = False) -> None:
         """Queue a request; raises RequestError when it can never run here. `own`: the engine's warmup
-        requests, which need no tenant token."""
-        if not own:
-            tier = self.tiers.get(request.params.tier)  # an unknown tier: INVALID_ARG
-            self.tenant_auth.check(request.params.tenant, request.params.tenant_token, tier)
+        requests (and Triton's warmup samples), which may use a restricted tier without a token; a named
+        tenant's token is checked all the same."""
+        tier = self.tiers.get(request.params.tier)  # an unknown tier: INVALID_ARG
+        self.tenant_auth.check(request.params.tenant, request.params.tenant_token, None if own else tier)
         length = len(request.prompt_ids)
         if length == 0:
             raise RequestError.invalid("input_ids is empty; send at least one token")

@@ -18,6 +18,7 @@ from scheduler.errors import RequestError
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("tiers.yaml")
 DEFAULT_TIER_NAME = "standard"
+WARMUP_TIER = "warmup"  # the engine writes this tier's KV and answers to the caches at once
 DEFAULT_CPU_SCALE = 10.0
 _TIER_KEYS = ("priority", "ttft_target_ms", "percentile", "sheddable", "max_queue_ms", "restricted")
 
@@ -36,8 +37,9 @@ class Tier:
     percentile: float = 95.0
     sheddable: bool = False
     max_queue_ms: float = 10_000.0
-    # with a tenant secret, only requests carrying a valid tenant token may use it (scheduler/tenant_auth.py)
-    restricted: bool = False
+    # with a tenant secret, only requests carrying a valid tenant token may use it (scheduler/tenant_auth.py);
+    # None: the table decides (TierTable: the warmup tier and the highest-precedence ones, never the default)
+    restricted: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -52,7 +54,7 @@ class Tier:
             raise TypeError(f"tier {self.name!r}: sheddable must be a bool, got {self.sheddable!r}")
         if not _positive_number(self.max_queue_ms):
             raise ValueError(f"tier {self.name!r}: max_queue_ms must be > 0, got {self.max_queue_ms!r}")
-        if not isinstance(self.restricted, bool):
+        if self.restricted is not None and not isinstance(self.restricted, bool):
             raise TypeError(f"tier {self.name!r}: restricted must be a bool, got {self.restricted!r}")
 
     @property
@@ -101,6 +103,22 @@ class TierTable:
             )
         if not _positive_number(self.cpu_scale):
             raise ValueError(f"cpu_scale must be > 0, got {self.cpu_scale!r}")
+        if self.get(self.default_name).restricted:
+            raise ValueError(
+                f"default tier {self.default_name!r} is restricted: requests that name no tier, the "
+                "scheduler's own warmup among them, would need a tenant token"
+            )
+        object.__setattr__(self, "tiers", tuple(self._resolved(t) for t in ordered))
+
+    def _resolved(self, tier: Tier) -> Tier:
+        """A tier whose file says nothing about `restricted`: restricted when it is the warmup tier (the
+        engine lets warmup traffic write the caches at once) or of the highest precedence, unless it is
+        the default tier. A tiers file written before the key existed stays closed to anonymous traffic."""
+        if tier.restricted is not None:
+            return tier
+        top = min(t.priority for t in self.tiers)
+        closed = tier.name != self.default_name and (tier.name == WARMUP_TIER or tier.priority == top)
+        return dataclasses.replace(tier, restricted=closed)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -344,6 +344,60 @@ def test_tritons_warmup_samples_are_counted_from_the_model_config():
 
     config = Path(__file__).resolve().parents[1] / "model_repository" / "llm_engine" / "config.pbtxt"
     assert "count: 2" in config.read_text()  # what the shipped config's first_request sample sends
-    assert triton_warmup_requests({"model_warmup": [{"name": "first_request", "count": 2}]}) == 2
-    assert triton_warmup_requests({"model_warmup": [{"name": "a"}, {"name": "b", "count": 3}]}) == 4
+    assert (
+        triton_warmup_requests({"model_warmup": [{"name": "first_request", "batch_size": 1, "count": 2}]})
+        == 2
+    )
+    # found in review: Triton skips a sample of batch_size 0 (or none) and sends batch_size per iteration
+    skipped = {"name": "b", "batch_size": 0, "count": 3}
+    assert (
+        triton_warmup_requests({"model_warmup": [{"name": "a", "batch_size": 1, "count": 1}, skipped]}) == 1
+    )
+    assert triton_warmup_requests({"model_warmup": [{"name": "a", "batch_size": 2, "count": 0}]}) == 2
+    assert triton_warmup_requests({"model_warmup": [{"name": "a", "count": 5}]}) == 0
     assert triton_warmup_requests({}) == 0
+
+
+def test_the_engines_own_requests_skip_only_the_tier_rule_never_a_tenants_token(model):  # noqa: F811
+    """Found in review: `own` skipped the whole check, so a miscounted warmup let a request act as any
+    tenant."""
+    engine = make_engine(model)
+    engine.tenant_auth = TenantAuth(SECRET)
+    with pytest.raises(RequestError) as info:
+        engine.submit(request([1, 5, 6], RecordingSink(), "v", tier="critical", tenant="victim"), own=True)
+    assert "victim" in info.value.message
+
+
+def test_a_tiers_file_without_restricted_keys_keeps_warmup_and_the_top_tier_closed():
+    """Found in review: a tiers file written before the key existed opened both to anonymous traffic."""
+    table = TierTable.from_mapping(
+        {
+            "default_tier": "standard",
+            "tiers": {
+                "critical": {"priority": 1, "ttft_target_ms": 100},
+                "warmup": {"priority": 2, "ttft_target_ms": 200},
+                "standard": {"priority": 3, "ttft_target_ms": 500},
+                "gold": {"priority": 1, "ttft_target_ms": 50, "restricted": False},  # the file's word wins
+            },
+        }
+    )
+    assert {t.name: t.restricted for t in table} == {
+        "critical": True, "gold": False, "warmup": True, "standard": False,
+    }  # fmt: skip
+    assert table.for_device("cpu").get("warmup").restricted  # scaling keeps it
+    lone = TierTable.from_mapping(
+        {"default_tier": "only", "tiers": {"only": {"priority": 1, "ttft_target_ms": 9}}}
+    )
+    assert lone.get("only").restricted is False  # the default tier is never closed by the rule
+
+
+def test_a_restricted_default_tier_is_refused_at_load():
+    """Found in review: the scheduler's own warmup names no tier and sends no token: it was refused and
+    the model failed to load."""
+    with pytest.raises(ValueError, match="default tier 'standard' is restricted"):
+        TierTable.from_mapping(
+            {
+                "default_tier": "standard",
+                "tiers": {"standard": {"priority": 3, "ttft_target_ms": 500, "restricted": True}},
+            }
+        )
