@@ -258,12 +258,26 @@ _NEGATABLE = {
     "have": "haven't",
 }
 _WHY_AUX = re.compile(r"\b(why) (" + "|".join(_NEGATABLE) + r")\b", re.IGNORECASE)
+# "if I go" -> "if I don't go": the verb must be a plain present, not an auxiliary, an adverb or a past
+# ("-ed", or one of the common irregular ones: "if I don't held it" is no English)
+_NOT_A_PRESENT = (
+    "don't do not can't can cannot am are is was were have had has will would could should may might must "
+    "never always already just also still ever really "
+    "held tore threw flew overpaid paid got went lost left forgot broke sent spent took made bought brought "
+    "came ate drank fell found gave knew ran said saw sold told thought wore won wrote drove hit cut put "
+    "set let read hurt quit split shut"
+).split()
 _IF_I = re.compile(
-    r"\b(if|when) (I|you|we|they) (?!(?:don't|do|not|can't|can|am|was|were|have|had|will|would|should)\b)"
+    r"\b(if|when) (I|you|we|they) (?!(?:" + "|".join(map(re.escape, _NOT_A_PRESENT)) + r")\b)"
     r"([a-z]+(?<!ed))\b",
     re.IGNORECASE,
 )
-_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
+_NEGATED = re.compile(r"\b(not|never|no|nothing|nobody|without)\b|n't\b", re.IGNORECASE)
+_YES_NO = re.compile(
+    r"^\s*(is|are|am|was|were|can|could|should|would|will|do|does|did|has|have|may|might|must)\b", re.I
+)
+# a whole word: not part of an identifier ("use_cache"), a number ("i7") or a longer word
+_WORD = re.compile(r"(?<![\w'-])[A-Za-z][A-Za-z'-]*(?![\w'-])")
 
 
 def light_edit(text: str) -> str:
@@ -280,8 +294,14 @@ def light_edit(text: str) -> str:
 
 def swap_word(text: str, table: dict[str, tuple[str, ...]], rng: random.Random) -> str | None:
     """``text`` with one of its words (chosen by ``rng``) replaced by one of the table's words for it, the
-    capital kept; None when no word of it is in the table."""
-    spots = [m for m in _WORD.finditer(text) if m.group().lower() in table]
+    capital kept; None when no word of it is in the table. Only lower-case words count, or the first one
+    capitalised: "Best Picture", "Big Five" and SQL's "SELECT" are names, not words to swap."""
+    spots = [
+        m
+        for m in _WORD.finditer(text)
+        if m.group().lower() in table
+        and (m.group().islower() or (m.start() == 0 and m.group()[1:].islower()))
+    ]
     if not spots:
         return None
     m = rng.choice(spots)
@@ -294,7 +314,10 @@ def swap_word(text: str, table: dict[str, tuple[str, ...]], rng: random.Random) 
 def negate(text: str) -> str | None:
     """``text`` with a negation put in where it surely changes the question: "why does" -> "why doesn't",
     "if I go" -> "if I don't go"; None when neither applies. ("Is it safe ...?" -> "Isn't it safe ...?"
-    asks the same, so yes/no questions are left alone.)"""
+    asks the same, so yes/no questions are left alone, and so is a question negated already: "Why is it
+    not working?" -> "Why isn't it not working?" changes nothing.)"""
+    if _NEGATED.search(text):
+        return None
     m = _WHY_AUX.search(text)
     if m:
         return text[: m.start(2)] + _NEGATABLE[m.group(2).lower()] + text[m.end(2) :]
@@ -317,7 +340,9 @@ def augmented(pairs: list[LabeledPair], seed: int = 0, word_rules: bool = False)
     if not word_rules:
         return pairs + extra
     for q in dict.fromkeys(q for p in pairs for q in (p.a, p.b)):
-        for table, same in ((SYNONYMS, True), (ANTONYMS, False)):
+        # "Is it safe to ...?" / "Is it dangerous to ...?" ask one thing (the hand-written pairs say so)
+        tables = ((SYNONYMS, True),) if _YES_NO.match(q) else ((SYNONYMS, True), (ANTONYMS, False))
+        for table, same in tables:
             swapped = swap_word(q, table, rng)
             if swapped is not None and swapped != q:
                 extra.append(LabeledPair(q, swapped, same))
