@@ -31,12 +31,12 @@ from tqdm import tqdm
 
 from client.generate import StreamingSession
 from scheduler.messages import utf8_encodable
+from scheduler.tiers import WARMUP_TIER
 from scheduler.validation import DEFAULT_TENANT, TENANT_PATTERN, TENANT_RULE
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 TokenCounter = Callable[[str], int]
 
-WARMUP_TIER = "warmup"
 REASON_TOP = "top_frequency"
 REASON_CLUSTER = "cluster_top"
 REASON_TEMPLATE = "slo_template"

@@ -35,7 +35,7 @@ from scheduler.feedback import FeedbackController
 from scheduler.preemption import Contender, PreemptionPolicy, RunningRequest
 from scheduler.priority import assign
 from scheduler.tenant_auth import TenantAuth
-from scheduler.tiers import TierTable
+from scheduler.tiers import WARMUP_TIER, Tier, TierTable
 
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
 NEVER = 2**63 - 1
@@ -153,8 +153,8 @@ class Engine:
                 f"input_ids holds {low if low < 0 else high}; token ids are 0 to {self.runner.vocab_size - 1}"
             )
         request.received_ns = request.received_ns or time.time_ns()
-        self._bound_precedence(request)
-        if self.recorder is not None and request.params.tier != "warmup":  # user traffic only
+        self._bound_precedence(request, tier)
+        if self.recorder is not None and request.params.tier != WARMUP_TIER:  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))
         if self.responses is not None and request.params.uses_response_cache:
             found = self.responses.lookup(request.prompt_ids, request.params)
@@ -179,12 +179,11 @@ class Engine:
             request.scheduling_ns += time.perf_counter_ns() - began
             self._lock.notify()
 
-    def _bound_precedence(self, request: EngineRequest) -> None:
+    def _bound_precedence(self, request: EngineRequest, tier: Tier) -> None:
         """No more precedence than the request's tier gives: priority and deadline come as inputs of
         llm_engine, which Triton serves to anyone, and a direct request with priority 0 went before every
         tenant's critical traffic. The scheduler step's values are these already (its arrival is at most
         a hop earlier); an arrival claimed further back counts from `MAX_HOP_NS` before this one."""
-        tier = self.tiers.get(request.params.tier)  # an unknown tier: INVALID_ARG
         received = request.received_ns
         arrival = min(max(request.params.arrival_ns or received, received - MAX_HOP_NS), received)
         priority, deadline_ns = assign(tier, arrival)
@@ -548,7 +547,7 @@ class Engine:
         ttft_s = (time.time_ns() - request.received_ns) / 1e9
         if self.prefix_cache is not None and use_cache:  # the slot keeps the prompt's KV until released
             head = None if hint is None else hint.keys  # hashed on arrival: the store hashes only the rest
-            publish = params.tier == "warmup"
+            publish = params.tier == WARMUP_TIER
             self._pending_stores[slot] = _PendingStore(request.prompt_ids, params.tenant, publish, head)
         self._accept_token(state, token)  # the first token leaves before any metrics round trip
         self.observer.on_step("prefill", 1, time.perf_counter() - started)

@@ -36,6 +36,7 @@ from cache.sightings import Sightings
 from cache.semantic_cache import SemanticResponseCache
 from engine.write_behind import WriteBehind
 from scheduler.messages import EngineRequestParams
+from scheduler.tiers import WARMUP_TIER
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class ResponseTier:
 
     def _admit(self, key: str, params: EngineRequestParams) -> bool:
         """Whether the exact answer is written: always on first use or for warmup, else when seen before."""
-        if self.first_use or params.tier == "warmup":
+        if self.first_use or params.tier == WARMUP_TIER:
             return True
         with self._lock:
             if self._sightings.seen_before(key):
