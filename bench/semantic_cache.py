@@ -584,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             # set's questions are stored in a tenant of their own, not among `stored`)
             tuning = [t or p.source in args.tune_on for p, t in zip(pairs, tuning_half)]
             held_out = [m and p.half == "held-out" for p, m in zip(pairs, main_set)]
+            fold_of = {a: Pair(a, "", True, "", "").bucket % FOLDS for a in stored}
             stored_half = {a: Pair(a, "", True, "", "").half for a in stored}
             tuned_verifier = fit_verifier(
                 pairs,
@@ -595,7 +596,6 @@ def main(argv: list[str] | None = None) -> int:
                 "tuning half (SHA-256 of 'a' even) of " + str(args.data.name),
             )
             if args.choose_by == "out-of-fold":
-                fold_of = {a: Pair(a, "", True, "", "").bucket % FOLDS for a in stored}
 
                 def fit_on(fold: int) -> Verifier:
                     return fit_verifier(
@@ -679,11 +679,10 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     folds = []  # k-fold: fit the verifier and pick the setting on 4/5 (queries and stored), measure on 1/5
-    pooled = Counter()
+    kfold_sums = Counter()
     for fold in range(FOLDS):
         test = [m and p.bucket % FOLDS == fold for p, m in zip(pairs, main_set)]
         train = [m and not t for m, t in zip(main_set, test)]
-        fold_of = {a: Pair(a, "", True, "", "").bucket % FOLDS for a in stored}
         v = fit_verifier(
             pairs,
             stored,
@@ -711,16 +710,16 @@ def main(argv: list[str] | None = None) -> int:
                 **measured.row(),
             }
         )
-        pooled.update(
+        kfold_sums.update(
             hits=measured.hits,
             correct=measured.correct_hits,
             true=measured.true_pairs,
             hit_true=measured.correct_on_true,
         )
     kfold = {
-        "precision": round(pooled["correct"] / pooled["hits"], 4) if pooled["hits"] else None,
-        "hit_rate": round(pooled["hit_true"] / pooled["true"], 4) if pooled["true"] else None,
-        "hits": pooled["hits"],
+        "precision": round(kfold_sums["correct"] / kfold_sums["hits"], 4) if kfold_sums["hits"] else None,
+        "hit_rate": round(kfold_sums["hit_true"] / kfold_sums["true"], 4) if kfold_sums["true"] else None,
+        "hits": kfold_sums["hits"],
         "folds": folds,
     }
     if args.write_weights and headline_pick is not None:
