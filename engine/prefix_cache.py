@@ -89,8 +89,10 @@ class PrefixCache:
         fingerprint: str,
         clock: Callable[[], float] = time.perf_counter,
         cost: LoadCostModel | None = None,
+        sightings: int | None = None,
     ):
-        """`cost` prices reuses while there is no L3 (see `cost`); `clock` times them (tests inject one)."""
+        """`cost` prices reuses while there is no L3 (see `cost`); `clock` times them (tests inject one);
+        `sightings`: how many stored blocks to remember for "on reuse" (default 8 pools' worth)."""
         self.runner = runner
         self.block_size = block_size
         self.fingerprint = fingerprint.encode()
@@ -116,7 +118,7 @@ class PrefixCache:
         self._pending: list[tuple[str, int, float]] = []  # (tier, blocks, fetch seconds) of the last lookup
         self._reused: list[tuple[bytes, str]] = []  # (key, tenant) reused since the last store, for L3
         self.publish_on_first_use = False  # L3 write policy: every new block, or (default) on reuse
-        self._seen: Sightings[bytes] = Sightings(max(4096, 8 * capacity_blocks))  # for "on reuse"
+        self._seen: Sightings[bytes] = Sightings(sightings or max(4096, 8 * capacity_blocks))  # by tenant
         # Set by `adopt`, consumed by the next lookup: the adopted keys (booked as L3 reuse, with the
         # engine thread's wait + promote seconds) and every key L3 was already asked about.
         self._adopted: tuple[set[bytes], float, set[bytes]] = (set(), 0.0, set())
@@ -274,7 +276,7 @@ class PrefixCache:
             if publish or pin or self.publish_on_first_use:
                 second = stored
             else:  # computed again: seen before
-                seen = self._seen.seen_many([keys[i] for i in stored])
+                seen = self._seen.seen_many([keys[i] for i in stored], tenant)
                 second = [i for i, again in zip(stored, seen) if again]
             if second:
                 self.l3.publish([keys[i] for i in second], blocks[second], tenant)

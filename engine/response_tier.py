@@ -196,7 +196,7 @@ class ResponseTier:
         if self.first_use or params.tier == WARMUP_TIER:
             return True
         with self._lock:
-            if self._sightings.seen_before(key):
+            if self._sightings.seen_before(key, params.tenant):  # a flooding tenant forgets its own
                 return True
             self.first_sightings += 1
             return False

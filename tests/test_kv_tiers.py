@@ -25,10 +25,10 @@ PROMPT = [1] + list(range(60, 108))  # three full blocks of 16, plus one token
 L3_META = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
 
 
-def replica(model, redis_url, namespace, *, cost=None, first_use=True) -> Engine:  # noqa: F811
+def replica(model, redis_url, namespace, *, cost=None, first_use=True, sightings=None) -> Engine:  # noqa: F811
     runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
     engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS)
-    engine.prefix_cache = PrefixCache(runner, 32, 16, "fp")
+    engine.prefix_cache = PrefixCache(runner, 32, 16, "fp", sightings=sightings)
     shape = runner.shape
     meta = KVBlockMeta(
         "fp", dtype_name(runner.dtype), (shape.layers, 2, shape.kv_heads, 16, shape.head_dim), 16, LAYOUT
@@ -254,6 +254,20 @@ def test_a_prefix_computed_again_after_eviction_counts_as_reuse(model, redis_ser
     assert writes == [] and engine.prefix_cache.evictions > 0
     serve(engine, PROMPT + [6])  # recomputed: its blocks were seen before, so they are shared now
     assert [len(keys) for keys, _, _ in writes] == [3]
+
+
+def test_another_tenants_flood_does_not_make_a_prefix_computed_again_look_new(model, redis_server, request):  # noqa: F811
+    """The sightings that admit a recomputed block to L3 are kept by tenant: 35 one-off blocks of
+    another tenant, more than the 16 sightings kept, forget that tenant's own, not this one's."""
+    namespace = f"kv-test:{request.node.name}"
+    engine = replica(model, redis_server, namespace, first_use=False, sightings=16)
+    writes = captured_writes(engine)
+    serve(engine, PROMPT + [5])
+    for i in range(5):
+        serve(engine, [1] + [100 + i] * 112, tenant="other")
+    assert writes == [] and engine.prefix_cache.evictions > 0
+    serve(engine, PROMPT + [6])
+    assert [(len(keys), tenant) for keys, _, tenant in writes] == [(3, "default")]
 
 
 def test_the_l3_probe_runs_when_the_request_arrives_not_in_its_prefill(model, redis_server, request):  # noqa: F811

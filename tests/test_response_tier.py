@@ -257,3 +257,18 @@ def test_with_a_sentencepiece_tokenizer_a_hit_decodes_as_generation_did(redis_se
     served = responses.lookup(prompt, params).tokens
     assert decoder.delta(served, 0, True) == decoder.delta(output, 0, True) == b"Paris"
     assert decoder.delta(prompt + served, 0, True) == decoder.delta(prompt + output, 0, True)
+
+
+def test_a_tenant_flooding_one_off_prompts_does_not_delay_another_tenants_second_sighting(redis_server):
+    exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    responses = ResponseTier(
+        exact, lambda text: [ord(c) - 97 for c in text], letters, first_use=False, sightings=64
+    )
+    quiet, flood = replace(GREEDY, tenant="quiet"), replace(GREEDY, tenant="flood")
+    responses.remember([1, 2, 3], quiet, [4], 0)
+    for n in range(500):  # one-off prompts, far past the 64 sightings kept
+        responses.remember([n, n + 1, 7, 7], flood, [0], 0)
+    responses.remember([1, 2, 3], quiet, [4], 0)
+    responses.close()
+    assert exact.get([1, 2, 3], quiet) == "e", "the quiet tenant's second sighting was admitted"
+    assert exact.snapshot()["stores"] == 1 and responses.first_sightings == 501
