@@ -36,30 +36,70 @@ def announce_channel(namespace: str) -> str:
     return f"{namespace}:announce"
 
 
+# Keep an index to its newest `limit` names: pop the earliest to expire (the oldest written; in one write,
+# a chain's tail) and delete them, in the write's own round trip; returns the names deleted.
+_TRIM_INDEX = """
+local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+if excess <= 0 then return {} end
+local popped = redis.call('ZPOPMIN', KEYS[1], excess)
+local names = {}
+for i = 1, #popped, 2 do
+  redis.call('DEL', popped[i])
+  names[#names + 1] = popped[i]
+end
+return names
+"""
+
+
+@dataclass(frozen=True)
+class Written:
+    stored: list[bool]  # whether each SET took
+    evicted: list[str]  # names the index's limit deleted (older ones of the same owner)
+
+
 def write_announced(
-    client: Any, namespace: str, values: Sequence[tuple[str, bytes]], ttl_s: int, index: str | None = None
-) -> list[bool]:
-    """SET each (name, value) with a TTL and announce the names, in one round trip; whether each SET
-    took. Only the SETs decide: a Redis that refuses the announcement (an ACL without channel access)
-    still stores, and readers' directories, which cannot subscribe there either, stay unsynced.
+    client: Any,
+    namespace: str,
+    values: Sequence[tuple[str, bytes]],
+    ttl_s: int,
+    index: str | None = None,
+    index_limit: int = 0,
+) -> Written:
+    """SET each (name, value) with a TTL and announce the names, in one round trip. Only the SETs decide
+    what is stored: a Redis that refuses the announcement (an ACL without channel access) still stores,
+    and readers' directories, which cannot subscribe there either, stay unsynced.
     `index`: a sorted set that also gets the names, scored by when they expire, for keys whose names do
     not say whose they are; names expired by then (less `INDEX_CLOCK_MARGIN_S`, for replicas' clocks) are
-    pruned in the same round trip, so an index stays as large as what its owner holds in Redis."""
+    pruned in the same round trip, so an index stays as large as what its owner holds in Redis.
+    `index_limit` (> 0): a quota; past it the index's oldest names are deleted, also in that round trip,
+    so one owner's writes push out its own values, never another owner's."""
     pipe = client.pipeline(transaction=False)
     for name, value in values:
         pipe.set(name, value, ex=ttl_s)
+    trims = False
     if values:
         pipe.publish(announce_channel(namespace), ANNOUNCE_SEPARATOR.join(name for name, _ in values))
         if index is not None:
             now = time.time()
-            pipe.zadd(index, {name: now + ttl_s for name, _ in values})
+            # a chain's later blocks score a little lower: a quota trims its tail first, since a lookup
+            # stops at the first block missing and a tail without its head is never read
+            pipe.zadd(index, {name: now + ttl_s - i * 1e-5 for i, (name, _) in enumerate(values)})
             pipe.zremrangebyscore(index, "-inf", now - INDEX_CLOCK_MARGIN_S)
             pipe.expire(index, ttl_s)
-    replies = pipe.execute(raise_on_error=False)[: len(values)]
-    for reply in replies:
+            if index_limit > 0:
+                client.register_script(_TRIM_INDEX)(keys=[index], args=[index_limit], client=pipe)
+                trims = True
+    replies = pipe.execute(raise_on_error=False)
+    for reply in replies[: len(values)]:
         if isinstance(reply, Exception):
             raise reply
-    return [bool(reply) for reply in replies]
+    evicted: list[str] = []
+    if trims:
+        trimmed = replies[-1]
+        if isinstance(trimmed, Exception):
+            raise trimmed
+        evicted = [name.decode() if isinstance(name, bytes) else str(name) for name in trimmed]
+    return Written([bool(reply) for reply in replies[: len(values)]], evicted)
 
 
 def _glob_escaped(text: str) -> str:

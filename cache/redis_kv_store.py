@@ -26,7 +26,7 @@ import torch
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
-from cache.key_directory import KeyDirectory, write_announced
+from cache.key_directory import KeyDirectory, Written, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 from cache.response_cache import redis_ttl, tenant_tag
 
@@ -65,6 +65,7 @@ class KVStoreStats:
     local_probes: int = 0  # exists_each calls the key directory answered without a round trip
     full_refusals: int = 0  # writes Redis refused for memory (maxmemory, nothing to evict): writes pause
     full_skips: int = 0  # writes not sent during such a pause
+    quota_evictions: int = 0  # blocks deleted because their tenant was past `tenant_max_blocks`
 
 
 def leading_run(present: Sequence[bool]) -> int:
@@ -94,7 +95,12 @@ class RedisKVStore:
         breaker: CircuitBreaker | None = None,
         compress: bool = False,
         directory: KeyDirectory | None = None,
+        tenant_max_blocks: int = 0,
     ):
+        """`tenant_max_blocks` (> 0): the most blocks one tenant keeps here; its writes past that delete
+        its own oldest, so a tenant's flood does not push other tenants' snapshots out of a full Redis."""
+        if tenant_max_blocks < 0:
+            raise ValueError(f"tenant_max_blocks must be >= 0 (0: no quota), got {tenant_max_blocks}")
         try:
             import redis
             from redis.backoff import NoBackoff
@@ -105,6 +111,7 @@ class RedisKVStore:
         self.directory = directory
         self.ttl_s = redis_ttl(ttl_s)
         self.compress = compress
+        self.tenant_max_blocks = tenant_max_blocks
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.full = FullGate()
         # No retries: one timeout per call is the most a dead or slow Redis may cost a request.
@@ -160,19 +167,25 @@ class RedisKVStore:
         values = [encode_block(t, meta, compress=self.compress) for t in tensors]
         names = [self.redis_key(k) for k in keys]
 
-        def op() -> list[bool]:
+        def op() -> Written:
             index = None if tenant is None else self.tenant_index(tenant)
-            return write_announced(self.client, self.namespace, list(zip(names, values)), self.ttl_s, index)
+            limit = 0 if tenant is None else self.tenant_max_blocks
+            pairs = list(zip(names, values))
+            return write_announced(self.client, self.namespace, pairs, self.ttl_s, index, limit)
 
-        replies = self._call(op, write=True)
-        if isinstance(replies, _Unavailable):
+        written = self._call(op, write=True)
+        if isinstance(written, _Unavailable):
             return 0
+        replies = written.stored
         if self.directory is not None:
             self.directory.add(name for name, r in zip(names, replies) if r)
+            for name in written.evicted:
+                self.directory.discard(name)
         stored = sum(1 for r in replies if r)
         with self._lock:
             self._stats.stores += stored
             self._stats.bytes_stored += sum(len(v) for v, r in zip(values, replies) if r)
+            self._stats.quota_evictions += len(written.evicted)
         return stored
 
     def get(self, key: bytes, meta: KVBlockMeta, device: str | torch.device = "cpu") -> torch.Tensor | None:

@@ -88,6 +88,7 @@ class EngineConfig:
     l3_ttl_s: float = 86400.0
     l3_explore_s: float = 60.0  # a replica recomputing L3 prefixes still loads one a period (0: never)
     l3_publish_first_use: bool = False  # write every new block to Redis (default: on reuse, and warmup)
+    l3_tenant_max_blocks: int = 0  # the most L3 blocks one tenant keeps in Redis (0: no quota)
     l3_prefetch: bool = True  # fetch the hot prefixes' L3 blocks on a thread during kernel warmup
     response_cache: bool = True
     response_cache_first_use: bool = False  # write every answer (default: on its prompt's second sighting)
@@ -152,6 +153,10 @@ class EngineConfig:
             raise ValueError("max_batch_size must be >= 1 and max_seq_len >= 2")
         if self.prefix_cache_blocks < 0 or self.l2_cache_blocks < 0:
             raise ValueError("prefix_cache_blocks and l2_cache_blocks must be >= 0 (0: that tier is off)")
+        if self.l3_tenant_max_blocks < 0:
+            raise ValueError(
+                f"l3_tenant_max_blocks must be >= 0 (0: no quota), got {self.l3_tenant_max_blocks}"
+            )
         if self.l3_explore_s < 0:
             raise ValueError(f"l3_explore_s must be >= 0 (0: never explore), got {self.l3_explore_s}")
         if self.prefix_block_size < 1:

@@ -123,6 +123,10 @@ def test_the_config_rejects_a_malformed_size_and_negative_counts(tmp_path):
     with pytest.raises(ValueError, match="l3_explore_s must be >= 0"):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_explore_s": "-1"})
     assert EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_explore_s": "0"}).l3_explore_s == 0
+    with pytest.raises(ValueError, match="l3_tenant_max_blocks must be >= 0"):
+        EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_tenant_max_blocks": "-1"})
+    quota = EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_tenant_max_blocks": "5000"})
+    assert quota.l3_tenant_max_blocks == 5000
 
 
 @pytest.mark.parametrize(

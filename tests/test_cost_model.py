@@ -167,10 +167,11 @@ def test_the_engine_takes_its_exploration_period_from_the_config(redis_server):
 
     config = EngineConfig(
         model_dir=str(MODEL_DIR), response_cache=False, prefill_templates="", warmup=False,
-        redis_url=redis_server, l3_explore_s=7.0,
+        redis_url=redis_server, l3_explore_s=7.0, l3_tenant_max_blocks=300,
     )  # fmt: skip
     engine = load_engine(config, log=lambda message: None).engine
     try:
         assert engine.prefix_cache.l3.cost.explore_every_s == 7.0
+        assert engine.prefix_cache.l3.store.tenant_max_blocks == 300, "and the tenants' L3 quota"
     finally:
         engine.shutdown(1.0)

@@ -255,3 +255,36 @@ def test_slow_redis_times_out_quickly(namespace):
         t0 = time.perf_counter()
         assert not store.put(key, _block(0), META)
         assert time.perf_counter() - t0 < 0.05
+
+
+def test_a_tenant_past_its_quota_pushes_out_its_own_oldest_blocks_not_another_tenants(
+    redis_server, namespace, raw
+):
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, tenant_max_blocks=4)
+    try:
+        quiet = _keys(3, "quiet")
+        assert store.put_chain(quiet, [_block(i) for i in range(3)], META, tenant="quiet") == 3
+        flood = _keys(20, "flood")
+        for start in range(0, 20, 5):  # five blocks a write, oldest first
+            batch = flood[start : start + 5]
+            assert store.put_chain(batch, [_block(i) for i in range(5)], META, tenant="flood") == 5
+        assert all(raw.exists(store.redis_key(k)) for k in quiet), "the quiet tenant's blocks stay"
+        present = [bool(raw.exists(store.redis_key(k))) for k in flood]
+        assert present == [False] * 15 + [True] * 4 + [False], "the newest chain's head four, not its tail"
+        assert raw.zcard(store.tenant_index("flood")) == 4 and raw.zcard(store.tenant_index("quiet")) == 3
+        assert store.stats.quota_evictions == 16 and store.stats.stores == 23
+        assert store.get_chain(quiet, META) and len(store.get_chain(quiet, META)) == 3
+    finally:
+        store.close()
+
+
+def test_no_quota_by_default_and_a_negative_one_is_refused(redis_server, namespace, raw):
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5)
+    try:
+        keys = _keys(6)
+        assert store.put_chain(keys, [_block(i) for i in range(6)], META, tenant="t") == 6
+        assert raw.zcard(store.tenant_index("t")) == 6 and store.stats.quota_evictions == 0
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="tenant_max_blocks must be >= 0"):
+        RedisKVStore(redis_server, namespace, tenant_max_blocks=-1)
