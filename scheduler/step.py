@@ -11,7 +11,7 @@ from scheduler.messages import EngineRequestParams
 from scheduler.priority import assign
 from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import TierTable
-from scheduler.validation import Limits, build_request, validate_prompt
+from scheduler.validation import Limits, build_request, validate_prompt, validate_tenant, validate_tier
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class PreparedRequest:
 
 @dataclass(frozen=True)
 class SchedulerStep:
-    encode: Callable[[str], list[int]]
+    encode: Callable[[str, str], list[int]]  # (prompt, tenant): token ids
     limits: Limits
     tiers: TierTable
     # The engine's serving fingerprint when its exact response cache is on: the step then hashes each
@@ -45,8 +45,14 @@ class SchedulerStep:
         cache: str | bytes | None = None,
         tenant_token: str | bytes | None = None,
     ) -> PreparedRequest:
-        """Raises RequestError (INVALID_ARG) naming what was wrong and what is allowed."""
-        ids = self.encode(validate_prompt(text))
+        """Raises RequestError (INVALID_ARG) naming what was wrong and what is allowed. The tenant is
+        checked before the prompt is tokenized: the tokenizer's prefix cache is kept by tenant, and a
+        request that claims another tenant's name must not learn from its timing what that tenant sent."""
+        prompt = validate_prompt(text)
+        tenant_name = validate_tenant(tenant)
+        tier_of_request = self.tiers.get(validate_tier(tier, self.tiers))
+        token = self.tenant_auth.check(tenant_name, tenant_token, tier_of_request)  # engine: again
+        ids = self.encode(prompt, tenant_name)
         params = build_request(
             text,
             sampling_json,
@@ -60,8 +66,7 @@ class SchedulerStep:
             now_ns=now_ns,
             cache=cache,
         )
-        tier_of_request = self.tiers.get(params.tier)
-        if token := self.tenant_auth.check(params.tenant, tenant_token, tier_of_request):  # engine: again
+        if token:
             params = replace(params, tenant_token=token)
         if self.exact_fingerprint and params.uses_response_cache and is_deterministic(params):
             params = replace(params, response_key=exact_key(self.exact_fingerprint, ids, params))

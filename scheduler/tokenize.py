@@ -45,9 +45,11 @@ def safe_splits(text: str, every: int, scan: int = 64) -> list[int]:
     return cuts
 
 
-def prefix_digests(text: str, cuts: list[int]) -> list[bytes]:
-    """SHA-256 of `text[:cut]` for each cut, in one pass over the text."""
+def prefix_digests(text: str, cuts: list[int], tenant: str = "") -> list[bytes]:
+    """SHA-256 of (`tenant`, `text[:cut]`) for each cut, in one pass over the text."""
     running, digests, start = hashlib.sha256(), [], 0
+    salt = tenant.encode("utf-8", "surrogatepass")
+    running.update(len(salt).to_bytes(4, "big") + salt)
     for cut in cuts:
         running.update(text[start:cut].encode("utf-8", "surrogatepass"))
         digests.append(running.copy().digest())
@@ -115,13 +117,16 @@ class PrefixTokenizer:
         self._noted.clear()
         self.stats = PrefixTokenStats()
 
-    def __call__(self, text: str) -> list[int]:
+    def __call__(self, text: str, tenant: str = "") -> list[int]:
+        """`text`'s ids. Prefixes are remembered per `tenant`: whether a prompt was tokenized faster must
+        not tell one tenant what another sent (the KV tiers' keys are salted by tenant for the same
+        reason), and one tenant's one-off prompts forget their own sightings first."""
         if not self.enabled or len(text) < self.min_chars:
             return self.fast(text)
         cuts = safe_splits(text, self.every)
         if not cuts:
             return self.fast(text)
-        digests = prefix_digests(text, cuts)
+        digests = prefix_digests(text, cuts, tenant)
         for cut, digest in zip(reversed(cuts), reversed(digests)):
             entry = self._prefixes.get(digest)
             if entry is not None:
@@ -130,9 +135,8 @@ class PrefixTokenizer:
                 ids, length = entry
                 return self._checked(text, ids[:length].tolist() + self.plain(text[cut:]))
         self.stats.misses += 1
-        if not any(digest in self._noted for digest in digests):
-            for digest in digests:
-                self._noted.note(digest)
+        if not any(self._noted.contains(digest, tenant) for digest in digests):
+            self._noted.seen_many(digests, tenant)
             return self.fast(text)
         return self._checked(text, self._compose(text, cuts, digests))
 

@@ -16,7 +16,7 @@ from scheduler.validation import Limits
 
 def step(fingerprint: str | None) -> SchedulerStep:
     return SchedulerStep(
-        encode=lambda text: [ord(c) for c in text],
+        encode=lambda text, tenant: [ord(c) for c in text],
         limits=Limits(max_prompt_tokens=100, max_new_tokens=64),
         tiers=TierTable.defaults(),
         exact_fingerprint=fingerprint,

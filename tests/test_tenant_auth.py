@@ -36,7 +36,7 @@ FP = "0123456789abcdef|fedcba9876543210|float32|slot-kv-v1"
 
 def step(auth: TenantAuth) -> SchedulerStep:
     return SchedulerStep(
-        encode=lambda text: [1, *text.encode("utf-8")],
+        encode=lambda text, tenant: [1, *text.encode("utf-8")],
         limits=Limits(max_prompt_tokens=1000, max_new_tokens=64),
         tiers=TierTable.defaults(),
         exact_fingerprint=FP,
@@ -401,3 +401,22 @@ def test_a_restricted_default_tier_is_refused_at_load():
                 "tiers": {"standard": {"priority": 3, "ttft_target_ms": 500, "restricted": True}},
             }
         )
+
+
+def test_a_claim_of_another_tenants_name_is_refused_before_the_prompt_is_tokenized():
+    """The tokenizer's prefix cache is kept by tenant: a claim that fails must not reach it, or its
+    timing would tell the claimant what that tenant sent."""
+    tokenized: list[str] = []
+    s = SchedulerStep(
+        encode=lambda text, tenant: tokenized.append(tenant) or [1, 2],
+        limits=Limits(max_prompt_tokens=1000, max_new_tokens=64),
+        tiers=TierTable.defaults(),
+        tenant_auth=TenantAuth(SECRET),
+    )
+    with pytest.raises(RequestError, match="needs its tenant_token"):
+        prepare(s, "acme")
+    with pytest.raises(RequestError, match="is not the token of tenant 'acme'"):
+        prepare(s, "acme", tenant_token(SECRET, "globex"))
+    assert tokenized == []
+    prepare(s, "acme", tenant_token(SECRET, "acme"))
+    assert tokenized == ["acme"], "tokenized under the verified tenant"

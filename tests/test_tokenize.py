@@ -89,6 +89,21 @@ def test_a_tokenizer_that_does_not_compose_is_caught_and_the_cache_turns_off(tok
     assert not prefixed.enabled and prefixed.stats.mismatches == 1 and not prefixed._prefixes
 
 
+def test_a_prefix_one_tenant_sent_is_not_reused_for_another(tokenizer):
+    prefixed = PrefixTokenizer(tokenizer, verify_first=0, verify_every=10**9)
+    shared = document(4, 900)
+    for i in range(3):  # noted, remembered, reused
+        assert (
+            prefixed(shared + f" acme asks {i}", "acme") == tokenizer.encode(shared + f" acme asks {i}").ids
+        )
+    assert prefixed.stats.hits == 1
+    for i in range(3):  # the same document under another tenant starts from nothing
+        text = shared + f" globex asks {i}"
+        assert prefixed(text, "globex") == tokenizer.encode(text).ids
+    assert prefixed.stats.hits == 2 and prefixed.stats.misses == 4, "globex noted, remembered, then reused"
+    assert prefixed._noted.owners().keys() == {"acme", "globex"}
+
+
 def test_the_prefix_table_is_bounded(tokenizer):
     prefixed = PrefixTokenizer(tokenizer, capacity=8)
     for seed in range(6):
