@@ -9,10 +9,11 @@ can line the words of one question up with the other's and see which one changed
 The model is the packaged MiniLM checkpoint (nothing can be downloaded here) with a low-rank (LoRA) delta on
 its linear layers and a linear head over the mean-pooled output, fitted by ``cache.pair_training`` on
 data/pair-train/ (question pairs in domains no paraphrase test set uses). The file holds only the delta and
-the head (safetensors: no pickle), with a format, version and the SHA-256 of the base weights it was fitted
-on; a file of another format or base is refused. At load the delta is merged into the weights, so a check is
-one plain BERT forward pass over the pair in both orders (the mean of the two probabilities: the cache asks
-"may a's answer serve b", which the training data labels symmetrically).
+the head (safetensors: no pickle), with a format, version and the SHA-256 of the base weights and of the
+tokenizer files it was fitted on; a file of another format, base or tokenizer is refused. At load the delta
+is merged into the weights, so a check is one plain BERT forward pass over the pair in both orders (the
+mean of the two probabilities: the cache asks "may a's answer serve b", which the training data labels
+symmetrically).
 """
 
 from __future__ import annotations
@@ -51,6 +52,23 @@ def base_fingerprint(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str:
+    """SHA-256 of the base checkpoint's tokenizer files (name and bytes of each present): the same
+    weights read through another vocabulary or casing would see other token ids, and the delta and
+    head were fitted on these."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = Path(model_dir) / name
+        if path.is_file():
+            data = path.read_bytes()
+            digest.update(f"{name}\0{len(data)}\0".encode())
+            digest.update(data)
+    return digest.hexdigest()
+
+
 def lora_targets(model) -> dict[str, object]:
     """``{name: nn.Linear}`` of the layers ``LORA_TARGETS`` names, in every encoder block."""
     out = {}
@@ -81,6 +99,7 @@ class PairClassifierFile:
     alpha: float
     base_sha256: str
     fitted_on: str = ""
+    tokenizer_sha256: str = ""
 
     @property
     def scale(self) -> float:
@@ -93,6 +112,7 @@ class PairClassifierFile:
             "rank": str(self.rank),
             "alpha": repr(float(self.alpha)),
             "base_sha256": self.base_sha256,
+            "tokenizer_sha256": self.tokenizer_sha256,
             "targets": ",".join(LORA_TARGETS),
             "fitted_on": self.fitted_on,
         }
@@ -129,7 +149,14 @@ class PairClassifierFile:
         bad = [k for k, t in tensors.items() if not (t.is_floating_point() and bool(torch.isfinite(t).all()))]
         if bad:
             raise ValueError(f"{path}: tensors {bad[:3]} are not finite floating-point values")
-        return cls(tensors, rank, alpha, meta.get("base_sha256", ""), meta.get("fitted_on", ""))
+        return cls(
+            tensors,
+            rank,
+            alpha,
+            meta.get("base_sha256", ""),
+            meta.get("fitted_on", ""),
+            meta.get("tokenizer_sha256", ""),
+        )
 
 
 class PairClassifier:
@@ -146,6 +173,12 @@ class PairClassifier:
             raise ValueError(
                 f"pair classifier was fitted on base weights {weights.base_sha256[:12]}, "
                 f"not on {model_dir}'s; refit it with python -m cache.pair_training"
+            )
+        if weights.tokenizer_sha256 != tokenizer_fingerprint(model_dir):
+            named = weights.tokenizer_sha256[:12] or "(not named)"
+            raise ValueError(
+                f"pair classifier was fitted with tokenizer {named}, not with {model_dir}'s; "
+                "refit it with python -m cache.pair_training"
             )
         tensors = weights.tensors
         with torch.no_grad():

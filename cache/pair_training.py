@@ -28,6 +28,7 @@ from cache.pair_classifier import (
     DEFAULT_WEIGHTS,
     PairClassifierFile,
     base_fingerprint,
+    tokenizer_fingerprint,
     encode_pairs,
     lora_targets,
 )
@@ -156,7 +157,13 @@ def train(
         tensors[f"{name}.lora_b"] = module.lora_b.detach().clone()
     tensors["head.weight"] = head.weight.detach().clone()
     tensors["head.bias"] = head.bias.detach().clone()
-    return PairClassifierFile(tensors, config.rank, config.alpha, base_fingerprint(model_dir))
+    return PairClassifierFile(
+        tensors,
+        config.rank,
+        config.alpha,
+        base_fingerprint(model_dir),
+        tokenizer_sha256=tokenizer_fingerprint(model_dir),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,9 +49,12 @@ def test_the_merged_delta_scores_what_the_training_graph_scores():
     tensors = {f"{n}.lora_a": m.lora_a.detach() for n, m in wrapped.items()}
     tensors |= {f"{n}.lora_b": m.lora_b.detach() for n, m in wrapped.items()}
     tensors |= {"head.weight": head.weight.detach(), "head.bias": head.bias.detach()}
-    from cache.pair_classifier import base_fingerprint
+    from cache.pair_classifier import base_fingerprint, tokenizer_fingerprint
 
-    merged = PairClassifier(PairClassifierFile(tensors, 4, 8.0, base_fingerprint(model_dir)))
+    weights = PairClassifierFile(
+        tensors, 4, 8.0, base_fingerprint(model_dir), "", tokenizer_fingerprint(model_dir)
+    )
+    merged = PairClassifier(weights)
     np.testing.assert_allclose(merged.probability(pairs), expected, atol=2e-5)
     assert merged.probability([]).shape == (0,)
 
@@ -76,12 +79,14 @@ def test_the_weights_file_round_trips(tmp_path):
     path = tmp_path / "w.safetensors"
     original.save(path)
     again = PairClassifierFile.load(path)
-    assert (again.rank, again.alpha, again.base_sha256, again.fitted_on) == (
+    assert (again.rank, again.alpha, again.base_sha256, again.fitted_on, again.tokenizer_sha256) == (
         original.rank,
         original.alpha,
         original.base_sha256,
         original.fitted_on,
+        original.tokenizer_sha256,
     )
+    assert len(original.tokenizer_sha256) == 64, "the shipped file names its tokenizer"
     assert again.tensors.keys() == original.tensors.keys()
     assert all(torch.equal(again.tensors[k], original.tensors[k]) for k in original.tensors)
 
@@ -94,6 +99,8 @@ def test_the_weights_file_round_trips(tmp_path):
         ({"metadata": {"targets": "query"}}, "fitted on layers"),
         ({"metadata": {"rank": "zero"}}, "malformed rank"),
         ({"base": "0" * 64}, "fitted on base weights"),
+        ({"metadata": {"tokenizer_sha256": "0" * 64}}, "fitted with tokenizer"),
+        ({"metadata": {"tokenizer_sha256": ""}}, "fitted with tokenizer \\(not named\\)"),
         ({"drop": "encoder.layer.0.attention.self.query.lora_a"}, "lacks"),
         ({"drop": "head.weight"}, "head"),
         ({"shrink": "encoder.layer.3.output.dense.lora_b"}, "has shapes"),
