@@ -54,6 +54,7 @@ bench-cache: setup model
 	$(ENV) HF_HUB_OFFLINE=1 $(PY) -m bench.semantic_cache
 	$(ENV) $(PY) -m bench.replica_prefill
 	$(ENV) $(PY) -m bench.store_cost
+	$(ENV) $(PY) -m bench.tenant_quota
 
 bench-scheduler: setup model
 	$(ENV) $(PY) -m bench.scheduler
