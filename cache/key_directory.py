@@ -36,25 +36,37 @@ def announce_channel(namespace: str) -> str:
     return f"{namespace}:announce"
 
 
-# Keep an index to its newest `limit` names: pop the earliest to expire (the oldest written; in one write,
-# a chain's tail) and delete them, in the write's own round trip; returns the names deleted.
-_TRIM_INDEX = """
+# Keep an index to its newest `limit` names: pop the lowest scores (the earliest to expire: the oldest
+# written, and in one chain its tail) and delete them; then announce the names written that were kept
+# (ARGV[4:]), so that no key directory lists a name this script deleted. Returns the names deleted.
+# Sent with EVAL: one round trip (EVALSHA from a pipeline makes redis-py ask SCRIPT EXISTS first).
+_TRIM_AND_ANNOUNCE = """
 local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
-if excess <= 0 then return {} end
-local popped = redis.call('ZPOPMIN', KEYS[1], excess)
-local names = {}
-for i = 1, #popped, 2 do
-  redis.call('DEL', popped[i])
-  names[#names + 1] = popped[i]
+local deleted, gone = {}, {}
+if excess > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[1], excess)
+  for i = 1, #popped, 2 do
+    redis.call('DEL', popped[i])
+    gone[popped[i]] = true
+    deleted[#deleted + 1] = popped[i]
+  end
 end
-return names
+local kept = {}
+for i = 4, #ARGV do
+  if not gone[ARGV[i]] then kept[#kept + 1] = ARGV[i] end
+end
+if #kept > 0 then redis.pcall('PUBLISH', ARGV[2], table.concat(kept, ARGV[3])) end
+return deleted
 """
+CHAIN_SCORE_STEP = (
+    1e-5  # seconds: a chain's later blocks score this much lower each, so trims take tails first
+)
 
 
 @dataclass(frozen=True)
 class Written:
     stored: list[bool]  # whether each SET took
-    evicted: list[str]  # names the index's limit deleted (older ones of the same owner)
+    evicted: list[str]  # names the index's limit deleted (its owner's oldest, maybe some just written)
 
 
 def write_announced(
@@ -64,6 +76,7 @@ def write_announced(
     ttl_s: int,
     index: str | None = None,
     index_limit: int = 0,
+    head: Sequence[str] = (),
 ) -> Written:
     """SET each (name, value) with a TTL and announce the names, in one round trip. Only the SETs decide
     what is stored: a Redis that refuses the announcement (an ACL without channel access) still stores,
@@ -71,34 +84,43 @@ def write_announced(
     `index`: a sorted set that also gets the names, scored by when they expire, for keys whose names do
     not say whose they are; names expired by then (less `INDEX_CLOCK_MARGIN_S`, for replicas' clocks) are
     pruned in the same round trip, so an index stays as large as what its owner holds in Redis.
-    `index_limit` (> 0): a quota; past it the index's oldest names are deleted, also in that round trip,
-    so one owner's writes push out its own values, never another owner's."""
+    `index_limit` (> 0): a quota; past it the index's lowest-scored names are deleted, in that round trip
+    too, so one owner's writes push out its own values, never another owner's. `head`: with a quota, the
+    names the written ones continue (a chain's earlier blocks, written before): those the index lists get
+    their score and TTL renewed above the new names', so a head that newer chains keep extending is
+    trimmed after them, not first (a lookup stops at the first missing block: a tail without its head is
+    never read)."""
     pipe = client.pipeline(transaction=False)
     for name, value in values:
         pipe.set(name, value, ex=ttl_s)
-    trims = False
-    if values:
-        pipe.publish(announce_channel(namespace), ANNOUNCE_SEPARATOR.join(name for name, _ in values))
-        if index is not None:
-            now = time.time()
-            # a chain's later blocks score a little lower: a quota trims its tail first, since a lookup
-            # stops at the first block missing and a tail without its head is never read
-            pipe.zadd(index, {name: now + ttl_s - i * 1e-5 for i, (name, _) in enumerate(values)})
-            pipe.zremrangebyscore(index, "-inf", now - INDEX_CLOCK_MARGIN_S)
-            pipe.expire(index, ttl_s)
-            if index_limit > 0:
-                client.register_script(_TRIM_INDEX)(keys=[index], args=[index_limit], client=pipe)
-                trims = True
+    names = [name for name, _ in values]
+    trims = bool(values) and index is not None and index_limit > 0
+    if values and not trims:
+        pipe.publish(announce_channel(namespace), ANNOUNCE_SEPARATOR.join(names))
+    if values and index is not None:
+        top, start = time.time() + ttl_s, 0
+        if trims and head:
+            pipe.zadd(
+                index, {name: top - i * CHAIN_SCORE_STEP for i, name in enumerate(head)}, xx=True, gt=True
+            )
+            for name in head:
+                pipe.expire(name, ttl_s)
+            start = len(head)
+        pipe.zadd(index, {name: top - (start + i) * CHAIN_SCORE_STEP for i, name in enumerate(names)})
+        pipe.zremrangebyscore(index, "-inf", top - ttl_s - INDEX_CLOCK_MARGIN_S)
+        pipe.expire(index, ttl_s)
+        if trims:
+            channel = announce_channel(namespace)
+            pipe.eval(_TRIM_AND_ANNOUNCE, 1, index, index_limit, channel, ANNOUNCE_SEPARATOR, *names)
     replies = pipe.execute(raise_on_error=False)
     for reply in replies[: len(values)]:
         if isinstance(reply, Exception):
             raise reply
     evicted: list[str] = []
-    if trims:
-        trimmed = replies[-1]
-        if isinstance(trimmed, Exception):
-            raise trimmed
-        evicted = [name.decode() if isinstance(name, bytes) else str(name) for name in trimmed]
+    if trims and not isinstance(
+        replies[-1], Exception
+    ):  # the SETs took: a failed trim waits for the next write
+        evicted = [name.decode() if isinstance(name, bytes) else str(name) for name in replies[-1]]
     return Written([bool(reply) for reply in replies[: len(values)]], evicted)
 
 

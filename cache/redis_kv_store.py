@@ -78,6 +78,12 @@ def leading_run(present: Sequence[bool]) -> int:
     return run
 
 
+@dataclass(frozen=True)
+class ChainWrite:
+    stored: int  # SETs that took (less than asked: Redis unavailable or full)
+    evicted: list[bytes]  # block keys the tenant's quota deleted, this write's own among them
+
+
 class _Unavailable:
     """Marks a Redis call that did not happen or failed (distinct from a None reply)."""
 
@@ -158,35 +164,53 @@ class RedisKVStore:
         meta: KVBlockMeta,
         tenant: str | None = None,
     ) -> int:
-        """Store blocks in one round trip (each SET atomic on its own); returns how many were stored.
-        `tenant`: whose blocks they are, noted in its index (`tenant_index`)."""
+        """Store blocks in one round trip (each SET atomic on its own); returns how many were stored (and
+        not deleted by the tenant's quota in that round trip). `tenant`: whose blocks they are, noted in its
+        index (`tenant_index`)."""
+        written = self.write_chain(keys, tensors, meta, tenant)
+        return written.stored - len(set(written.evicted) & set(keys))
+
+    def write_chain(
+        self,
+        keys: Sequence[bytes],
+        tensors: Sequence[torch.Tensor],
+        meta: KVBlockMeta,
+        tenant: str | None = None,
+        head: Sequence[bytes] = (),
+    ) -> ChainWrite:
+        """`put_chain`, also naming the blocks the tenant's quota deleted (this write's own among them);
+        `head`: the keys of the chain's blocks before `keys`, which the quota then keeps longer than
+        these (`write_announced`)."""
         if len(keys) != len(tensors):
             raise ValueError(f"{len(keys)} keys for {len(tensors)} tensors")
         if not keys:
-            return 0
+            return ChainWrite(0, [])
         values = [encode_block(t, meta, compress=self.compress) for t in tensors]
         names = [self.redis_key(k) for k in keys]
+        quota = 0 if tenant is None else self.tenant_max_blocks
+        head_names = [self.redis_key(k) for k in head] if quota else []
 
         def op() -> Written:
             index = None if tenant is None else self.tenant_index(tenant)
-            limit = 0 if tenant is None else self.tenant_max_blocks
             pairs = list(zip(names, values))
-            return write_announced(self.client, self.namespace, pairs, self.ttl_s, index, limit)
+            return write_announced(self.client, self.namespace, pairs, self.ttl_s, index, quota, head_names)
 
         written = self._call(op, write=True)
         if isinstance(written, _Unavailable):
-            return 0
-        replies = written.stored
+            return ChainWrite(0, [])
+        gone = set(written.evicted)
         if self.directory is not None:
-            self.directory.add(name for name, r in zip(names, replies) if r)
+            self.directory.add(name for name, r in zip(names, written.stored) if r and name not in gone)
             for name in written.evicted:
                 self.directory.discard(name)
-        stored = sum(1 for r in replies if r)
+        stored = sum(1 for r in written.stored if r)
         with self._lock:
             self._stats.stores += stored
-            self._stats.bytes_stored += sum(len(v) for v, r in zip(values, replies) if r)
+            self._stats.bytes_stored += sum(len(v) for v, r in zip(values, written.stored) if r)
             self._stats.quota_evictions += len(written.evicted)
-        return stored
+        prefix = f"{self.namespace}:"
+        evicted = [bytes.fromhex(name[len(prefix) :]) for name in written.evicted if name.startswith(prefix)]
+        return ChainWrite(stored, evicted)
 
     def get(self, key: bytes, meta: KVBlockMeta, device: str | torch.device = "cpu") -> torch.Tensor | None:
         """The verified block, or None on a miss, Redis trouble, an open breaker or a bad value."""

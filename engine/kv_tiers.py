@@ -17,13 +17,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from cache.cost_model import LoadCostModel
 from cache.kv_format import KVBlockMeta
-from cache.redis_kv_store import leading_run
+from cache.redis_kv_store import ChainWrite, leading_run
 from engine.write_behind import WriteBehind
 
 if TYPE_CHECKING:  # redis-py is imported only where the store is built (engine/loader.py)
@@ -35,6 +36,14 @@ LAYOUT = "L2HBD-v1"  # [layers, 2 (k/v), kv_heads, block tokens, head_dim]
 # explores stays within a few ms of its recompute
 EXPLORE_BLOCKS = 16
 OUTCOMES = ("loaded", "partial", "missing", "recompute")
+
+
+@dataclass(frozen=True)
+class _Write:
+    keys: list[bytes]
+    blocks: torch.Tensor  # [len(keys), ...] on the host
+    tenant: str | None
+    head: list[bytes]  # the chain's keys before `keys`
 
 
 class L3Tier:
@@ -60,9 +69,7 @@ class L3Tier:
             int(torch.Size(meta.shape).numel())
             * torch.empty((), dtype=getattr(torch, meta.dtype)).element_size()
         )
-        self._writes: WriteBehind[tuple[list[bytes], torch.Tensor, str | None]] = WriteBehind(
-            self._write, "l3-writer", backlog
-        )
+        self._writes: WriteBehind[_Write] = WriteBehind(self._write, "l3-writer", backlog)
         self.loaded_blocks = 0
         self.outcomes = dict.fromkeys(OUTCOMES, 0)  # chains asked, by what fetch_with_outcome answered
         self._lock = threading.Lock()  # _known and loaded_blocks: fetch may run on two threads
@@ -149,9 +156,16 @@ class L3Tier:
             self.cost.explored_nothing()
         return blocks, "loaded" if len(blocks) == available else "partial"
 
-    def publish(self, keys: list[bytes], blocks: torch.Tensor, tenant: str | None = None) -> None:
+    def publish(
+        self,
+        keys: list[bytes],
+        blocks: torch.Tensor,
+        tenant: str | None = None,
+        head: list[bytes] | None = None,
+    ) -> None:
         """Queue blocks [n, ...] for Redis; when the writer falls behind, drop rather than wait.
-        `tenant`: whose blocks they are (noted in Redis, so that forgetting a tenant finds them).
+        `tenant`: whose blocks they are (noted in Redis, so that forgetting a tenant finds them); `head`:
+        the keys of the chain's blocks before these, which a tenant quota keeps longer than these.
 
         Blocks Redis was recently seen holding (a chain recomputed because that was cheaper than
         loading it) are not written again: the device-to-host copy and the rewrite would only compete
@@ -164,19 +178,22 @@ class L3Tier:
         if len(fresh) < len(keys):
             keys, blocks = [keys[i] for i in fresh], blocks[fresh]
         self._remember(keys)  # before the write is queued: the writer forgets them if it fails
-        if not self._writes.submit((keys, blocks.to("cpu", copy=True), tenant)):
+        if not self._writes.submit(_Write(keys, blocks.to("cpu", copy=True), tenant, head or [])):
             self._forget(keys)
 
-    def _write(self, item: tuple[list[bytes], torch.Tensor, str | None]) -> None:
+    def _write(self, item: _Write) -> None:
         """The writer thread's write; blocks it could not store (Redis down, full, the breaker open) are
-        forgotten, so that the next store of them publishes them again instead of skipping them for hours."""
-        keys, blocks, tenant = item
-        stored = 0
+        forgotten, so that the next store of them publishes them again instead of skipping them for hours,
+        and so are blocks the tenant's quota deleted, this write's or older ones."""
+        written = ChainWrite(0, [])
         try:
-            stored = self.store.put_chain(keys, list(blocks.unbind(0)), self.meta, tenant=tenant)
+            written = self.store.write_chain(
+                item.keys, list(item.blocks.unbind(0)), self.meta, item.tenant, item.head
+            )
         finally:  # a write that raised is counted by the writer, and its blocks forgotten here
-            if stored < len(keys):
-                self._forget(keys)
+            if written.stored < len(item.keys):
+                self._forget(item.keys)
+            self._forget(written.evicted)
 
     def unknown(self, keys: list[bytes]) -> list[int]:
         """Positions of the keys Redis is not known to hold (what `publish` would write): not seen

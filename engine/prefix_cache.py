@@ -279,7 +279,7 @@ class PrefixCache:
                 seen = self._seen.seen_many([keys[i] for i in stored], tenant)
                 second = [i for i, again in zip(stored, seen) if again]
             if second:
-                self.l3.publish([keys[i] for i in second], blocks[second], tenant)
+                self.l3.publish([keys[i] for i in second], blocks[second], tenant, keys[: second[0]])
         return len(stored)
 
     def _publish_reused(self) -> None:

@@ -10,7 +10,7 @@ import torch
 from cache.circuit_breaker import CircuitBreaker
 from cache.cost_model import LoadCostModel
 from cache.kv_format import KVBlockMeta, dtype_name
-from cache.redis_kv_store import KVStoreStats, RedisKVStore
+from cache.redis_kv_store import ChainWrite, KVStoreStats, RedisKVStore
 from deploy.launch import find_free_port
 from engine.engine import Engine
 from engine.kv_tiers import LAYOUT, L3Tier
@@ -132,9 +132,9 @@ class TimedStore:
         self.clock.now += self.get_s
         return [self.blocks[k] for k in keys]
 
-    def put_chain(self, keys, tensors, meta):
+    def write_chain(self, keys, tensors, meta, tenant=None, head=()):
         self.blocks.update(zip(keys, tensors))
-        return len(keys)
+        return ChainWrite(len(keys), [])
 
     directory = None  # no key directory: every probe is a round trip
 
@@ -194,7 +194,7 @@ def test_blocks_redis_already_holds_are_not_written_again(model, redis_server, r
     assert second.prefix_cache.l3.loaded_blocks == 0 and second.stats.prefix_reused_tokens == 0
     assert writes == [] and second.prefix_cache.l3.republish_skipped == 3
     serve(second, [1] + list(range(200, 232)) + [9])  # new blocks are still published
-    assert len(writes) == 1 and len(writes[0][0]) == 2
+    assert len(writes) == 1 and len(writes[0].keys) == 2
 
 
 def test_by_default_blocks_reach_redis_on_reuse_or_from_warmup_traffic_only(model, redis_server, request):  # noqa: F811
@@ -206,13 +206,13 @@ def test_by_default_blocks_reach_redis_on_reuse_or_from_warmup_traffic_only(mode
     hits = first.prefix_cache.lookup(PROMPT + [6], "default")  # the prefix is reused: worth sharing,
     assert len(hits) == 3 and writes == [], "but not before the reusing request's first token"
     serve(first, PROMPT + [6])  # ... by its store, once the first token is out
-    assert [(len(keys), tenant) for keys, _, tenant in writes] == [(3, "default")]
+    assert [(len(w.keys), w.tenant) for w in writes] == [(3, "default")]
     serve(first, PROMPT + [7])
     assert len(writes) == 1, "published once"
     sink = RecordingSink()
     first.submit(request_of([1] + list(range(150, 190)), sink, tier="warmup"))
     run_until_idle(first)
-    assert len(writes) == 2 and len(writes[1][0]) == 2, (
+    assert len(writes) == 2 and len(writes[1].keys) == 2, (
         "warmup traffic is published at once (new blocks only)"
     )
 
@@ -230,7 +230,7 @@ def test_every_chain_reused_since_the_last_store_is_published_once(model, redis_
     for prompt in (PROMPT + [6], other, PROMPT + [7]):  # lookups with no store between them
         assert first.prefix_cache.lookup(prompt, "default")
     serve(first, [1, 2, 3])  # the next store
-    assert sorted(len(keys) for keys, _, _ in writes) == [5]
+    assert sorted(len(w.keys) for w in writes) == [5]
 
 
 def test_a_block_published_on_reuse_serves_another_replica(model, redis_server, request):  # noqa: F811
@@ -253,7 +253,7 @@ def test_a_prefix_computed_again_after_eviction_counts_as_reuse(model, redis_ser
         serve(engine, [1] + [100 + i] * 112, tenant="other")
     assert writes == [] and engine.prefix_cache.evictions > 0
     serve(engine, PROMPT + [6])  # recomputed: its blocks were seen before, so they are shared now
-    assert [len(keys) for keys, _, _ in writes] == [3]
+    assert [len(w.keys) for w in writes] == [3]
 
 
 def test_another_tenants_flood_does_not_make_a_prefix_computed_again_look_new(model, redis_server, request):  # noqa: F811
@@ -267,7 +267,7 @@ def test_another_tenants_flood_does_not_make_a_prefix_computed_again_look_new(mo
         serve(engine, [1] + [100 + i] * 112, tenant="other")
     assert writes == [] and engine.prefix_cache.evictions > 0
     serve(engine, PROMPT + [6])
-    assert [(len(keys), tenant) for keys, _, tenant in writes] == [(3, "default")]
+    assert [(len(w.keys), w.tenant) for w in writes] == [(3, "default")]
 
 
 def test_the_l3_probe_runs_when_the_request_arrives_not_in_its_prefill(model, redis_server, request):  # noqa: F811
@@ -339,8 +339,8 @@ def test_l3_writes_the_writer_cannot_keep_up_with_are_dropped_without_waiting_an
     cache = PrefixCache(TimedRunner(FakeClock(), copy_s=0.0), 8, 4, "fp")
     cache.l3 = l3
     release, writing = threading.Event(), threading.Event()
-    real_put = store.put_chain
-    store.put_chain = lambda *args, **kw: writing.set() or release.wait(5) and real_put(*args, **kw)
+    real_write = store.write_chain
+    store.write_chain = lambda *args, **kw: writing.set() or release.wait(5) and real_write(*args, **kw)
     blocks = torch.ones(1, 1, 2, 1, 4, 2)
     l3.publish([b"k0"], blocks)
     assert writing.wait(5), "the writer took the first block"
@@ -410,3 +410,38 @@ def test_an_exploration_loads_a_bounded_leading_run_and_measures_it(redis_server
         assert slow.estimates.load_observations == 1 and slow.estimates.load_bytes_per_s > 1.0
     finally:
         l3.close()
+
+
+def test_blocks_the_quota_deleted_are_published_again(redis_server, request):
+    """Deleted by this replica's own write, they are not "held by Redis": skipping them for half the TTL
+    (12 h) would leave a reused chain out of L3."""
+    store = RedisKVStore(redis_server, f"kv-test:{request.node.name}", timeout_s=0.5, tenant_max_blocks=2)
+    l3 = L3Tier(store, L3_META)
+    blocks = torch.ones(2, 1, 2, 1, 4, 2)
+    hot, other = [b"h0", b"h1"], [b"o0", b"o1"]
+    try:
+        l3.publish(hot, blocks, "t")
+        l3.publish(other, blocks, "t")  # past the quota of 2: deletes h0 and h1
+        l3._writes.close()
+        assert store.stats.quota_evictions == 2 and store.exists_chain(hot) == 0
+        assert l3.unknown(hot + other) == [0, 1]
+        longer = [f"c{i}".encode() for i in range(5)]  # one write longer than the quota keeps its head two
+        l3._writes = type(l3._writes)(l3._write, "l3-writer", 4)
+        l3.publish(longer, torch.ones(5, 1, 2, 1, 4, 2), "t")
+        l3._writes.close()
+        assert store.exists_chain(longer) == 2 and l3.unknown(longer) == [2, 3, 4]
+    finally:
+        l3.close()
+
+
+def test_a_continuation_names_the_chain_it_extends_to_the_l3_write(model, redis_server, request):  # noqa: F811
+    """So that a tenant quota keeps a head its continuations need (RedisKVStore.write_chain)."""
+    engine = replica(model, redis_server, f"kv-test:{request.node.name}", first_use=False)
+    writes = captured_writes(engine)
+    longer = PROMPT[:-1] + list(range(120, 152)) + [5]  # the three blocks, then two more
+    for prompt in (PROMPT + [5], longer):  # warmup traffic: published at once
+        sink = RecordingSink()
+        engine.submit(request_of(prompt, sink, tier="warmup"))
+        run_until_idle(engine)
+    chain = engine.prefix_cache.chain_keys(longer, "default")
+    assert [(w.keys, w.head) for w in writes] == [(chain[:3], []), (chain[3:5], chain[:3])]

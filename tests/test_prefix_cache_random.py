@@ -71,7 +71,7 @@ class MemoryL3:
     def unknown(self, keys: list[bytes]) -> list[int]:
         return [i for i, key in enumerate(keys) if key not in self.blocks]
 
-    def publish(self, keys: list[bytes], blocks: torch.Tensor, tenant=None) -> None:
+    def publish(self, keys: list[bytes], blocks: torch.Tensor, tenant=None, head=None) -> None:
         for key, block in zip(keys, blocks):
             self.blocks[key] = block.clone()
 

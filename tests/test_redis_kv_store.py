@@ -15,7 +15,9 @@ import torch
 
 from cache.circuit_breaker import BreakerState, CircuitBreaker
 from cache.kv_format import KVBlockMeta
+from cache.key_directory import KeyDirectory
 from cache.redis_kv_store import RedisKVStore
+from tests.conftest import wait_for
 
 SHAPE = (2, 2, 2, 16, 8)
 META = KVBlockMeta(model_fingerprint="fp-a", dtype="bfloat16", shape=SHAPE, token_count=16, layout="L2HBD-v1")
@@ -265,9 +267,9 @@ def test_a_tenant_past_its_quota_pushes_out_its_own_oldest_blocks_not_another_te
         quiet = _keys(3, "quiet")
         assert store.put_chain(quiet, [_block(i) for i in range(3)], META, tenant="quiet") == 3
         flood = _keys(20, "flood")
-        for start in range(0, 20, 5):  # five blocks a write, oldest first
+        for start in range(0, 20, 5):  # five blocks a write, oldest first: each write keeps its head four
             batch = flood[start : start + 5]
-            assert store.put_chain(batch, [_block(i) for i in range(5)], META, tenant="flood") == 5
+            assert store.put_chain(batch, [_block(i) for i in range(5)], META, tenant="flood") == 4
         assert all(raw.exists(store.redis_key(k)) for k in quiet), "the quiet tenant's blocks stay"
         present = [bool(raw.exists(store.redis_key(k))) for k in flood]
         assert present == [False] * 15 + [True] * 4 + [False], "the newest chain's head four, not its tail"
@@ -288,3 +290,55 @@ def test_no_quota_by_default_and_a_negative_one_is_refused(redis_server, namespa
         store.close()
     with pytest.raises(ValueError, match="tenant_max_blocks must be >= 0"):
         RedisKVStore(redis_server, namespace, tenant_max_blocks=-1)
+
+
+def _commands(raw, command: str) -> int:
+    return int(raw.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_quota_write_is_one_round_trip(redis_server, namespace, raw):
+    """EVAL, not a registered script: from a pipeline, redis-py asks SCRIPT EXISTS before every send."""
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, tenant_max_blocks=4)
+    try:
+        before = _commands(raw, "script|exists") + _commands(raw, "script|load")
+        for _ in range(5):
+            assert store.put_chain(_keys(2), [_block(0), _block(1)], META, tenant="t") == 2
+        assert _commands(raw, "script|exists") + _commands(raw, "script|load") == before
+    finally:
+        store.close()
+
+
+def test_the_quota_keeps_a_head_that_newer_chains_extend(redis_server, namespace):
+    """Written on reuse, a shared head (a system prompt) goes to Redis once and each continuation later in
+    a write of its own: by write time alone the head would be the oldest and trimmed first, leaving
+    continuations no lookup can reach. A continuation's write renews its head."""
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, tenant_max_blocks=4)
+    try:
+        head, a, b = _keys(2, "system-prompt"), _keys(2, "question-a"), _keys(2, "question-b")
+        assert store.write_chain(head, [_block(0), _block(1)], META, "t").stored == 2
+        assert store.write_chain(a, [_block(2), _block(3)], META, "t", head=head).evicted == []
+        written = store.write_chain(b, [_block(4), _block(5)], META, "t", head=head)  # 6 > 4
+        assert sorted(written.evicted) == sorted(a), "the older continuation goes, not the head"
+        assert store.exists_chain(head + b) == 4
+    finally:
+        store.close()
+
+
+def test_the_writers_directory_never_lists_what_the_quota_deleted(redis_server, namespace):
+    """Names one write stores and its quota deletes at once are not announced: a directory thread a
+    little behind would otherwise list them again after the writer discarded them."""
+    directory = KeyDirectory(redis_server, namespace)
+    real_apply = directory._apply
+    directory._apply = lambda data: (time.sleep(0.2), real_apply(data))
+    directory.start()
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, directory=directory, tenant_max_blocks=2)
+    try:
+        assert wait_for(lambda: directory.synced, 10)
+        keys = _keys(5)
+        assert store.put_chain(keys, [_block(i) for i in range(5)], META, tenant="t") == 2
+        assert store.stats.quota_evictions == 3
+        assert wait_for(lambda: directory.contains(store.redis_key(keys[0])), 10), "the kept are announced"
+        time.sleep(0.4)  # any announcement of the deleted three would have been applied by now
+        assert [directory.contains(store.redis_key(k)) for k in keys] == [True, True, False, False, False]
+    finally:
+        store.close()
