@@ -100,11 +100,7 @@ def write_announced(
     if values and index is not None:
         top, start = time.time() + ttl_s, 0
         if trims and head:
-            pipe.zadd(
-                index, {name: top - i * CHAIN_SCORE_STEP for i, name in enumerate(head)}, xx=True, gt=True
-            )
-            for name in head:
-                pipe.expire(name, ttl_s)
+            queue_renewal(pipe, index, head, ttl_s, top)
             start = len(head)
         pipe.zadd(index, {name: top - (start + i) * CHAIN_SCORE_STEP for i, name in enumerate(names)})
         pipe.zremrangebyscore(index, "-inf", top - ttl_s - INDEX_CLOCK_MARGIN_S)
@@ -122,6 +118,16 @@ def write_announced(
     ):  # the SETs took: a failed trim waits for the next write
         evicted = [name.decode() if isinstance(name, bytes) else str(name) for name in replies[-1]]
     return Written([bool(reply) for reply in replies[: len(values)]], evicted)
+
+
+def queue_renewal(pipe: Any, index: str, names: Sequence[str], ttl_s: int, top: float | None = None) -> None:
+    """Queue on `pipe`: the names `index` lists get a score as if written now (in chain order: the first
+    highest), never lower than they had, and their values a fresh TTL. Names the index does not list
+    (deleted, expired, or another owner's) are left alone."""
+    top = time.time() + ttl_s if top is None else top
+    pipe.zadd(index, {name: top - i * CHAIN_SCORE_STEP for i, name in enumerate(names)}, xx=True, gt=True)
+    for name in names:
+        pipe.expire(name, ttl_s)
 
 
 def _glob_escaped(text: str) -> str:

@@ -26,7 +26,7 @@ import torch
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
-from cache.key_directory import KeyDirectory, Written, write_announced
+from cache.key_directory import KeyDirectory, Written, queue_renewal, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 from cache.response_cache import redis_ttl, tenant_tag
 
@@ -66,6 +66,7 @@ class KVStoreStats:
     full_refusals: int = 0  # writes Redis refused for memory (maxmemory, nothing to evict): writes pause
     full_skips: int = 0  # writes not sent during such a pause
     quota_evictions: int = 0  # blocks deleted because their tenant was past `tenant_max_blocks`
+    renewals: int = 0  # reused chains marked as just used in their tenant's index (with a quota)
 
 
 def leading_run(present: Sequence[bool]) -> int:
@@ -211,6 +212,27 @@ class RedisKVStore:
         prefix = f"{self.namespace}:"
         evicted = [bytes.fromhex(name[len(prefix) :]) for name in written.evicted if name.startswith(prefix)]
         return ChainWrite(stored, evicted)
+
+    def renew(self, keys: Sequence[bytes], tenant: str) -> bool:
+        """With a tenant quota: mark the tenant's blocks `keys` (a reused chain, head first) as just used,
+        so its trims take them after blocks used longer ago (LRU by use, not by write); one round trip.
+        False when there is no quota or Redis is unavailable."""
+        if not self.tenant_max_blocks or not keys:
+            return False
+        names = [self.redis_key(k) for k in keys]
+
+        def op() -> bool:
+            pipe = self.client.pipeline(transaction=False)
+            queue_renewal(pipe, self.tenant_index(tenant), names, self.ttl_s)
+            pipe.execute(raise_on_error=False)  # ZADD GT needs Redis 6.2: an older one keeps write order
+            return True
+
+        renewed = self._call(op, write=True)
+        if isinstance(renewed, _Unavailable):
+            return False
+        with self._lock:
+            self._stats.renewals += 1
+        return True
 
     def get(self, key: bytes, meta: KVBlockMeta, device: str | torch.device = "cpu") -> torch.Tensor | None:
         """The verified block, or None on a miss, Redis trouble, an open breaker or a bad value."""

@@ -17,6 +17,7 @@ REUSE_COUNTERS = ("tokens_loaded", "seconds_saved", "seconds_lost_slow_load", "s
 L3_COUNTERS = (
     "hits", "misses", "checksum_failures", "incompatible", "errors", "bytes_loaded", "load_seconds",
     "probes", "probe_seconds", "local_probes", "full_refusals", "full_skips", "quota_evictions",
+    "renewals",
 )  # fmt: skip
 # the key directories' cumulative counters (cache/key_directory.py), as "directory_<name>"
 DIRECTORY_COUNTERS = tuple(f.name for f in fields(KeyDirectoryStats))

@@ -46,6 +46,12 @@ class _Write:
     head: list[bytes]  # the chain's keys before `keys`
 
 
+@dataclass(frozen=True)
+class _Renewal:
+    keys: list[bytes]  # reused blocks Redis holds, head first
+    tenant: str
+
+
 class L3Tier:
     def __init__(
         self,
@@ -56,12 +62,15 @@ class L3Tier:
         ttl_s: float = 86400.0,
         known_limit: int = 65536,
         clock=time.monotonic,
+        renew_every_s: float = 60.0,
     ):
         self.store = store
         self.ttl_s = ttl_s
         self.known_limit = known_limit
         self.clock = clock
         self._known: OrderedDict[bytes, float] = OrderedDict()  # key -> when Redis was seen holding it
+        self.renew_every_s = renew_every_s
+        self._renewed: OrderedDict[bytes, float] = OrderedDict()  # key -> when its renewal was queued
         self.republish_skipped = 0
         self.meta = meta
         self.cost = cost or LoadCostModel()
@@ -69,7 +78,7 @@ class L3Tier:
             int(torch.Size(meta.shape).numel())
             * torch.empty((), dtype=getattr(torch, meta.dtype)).element_size()
         )
-        self._writes: WriteBehind[_Write] = WriteBehind(self._write, "l3-writer", backlog)
+        self._writes: WriteBehind[_Write | _Renewal] = WriteBehind(self._write, "l3-writer", backlog)
         self.loaded_blocks = 0
         self.outcomes = dict.fromkeys(OUTCOMES, 0)  # chains asked, by what fetch_with_outcome answered
         self._lock = threading.Lock()  # _known and loaded_blocks: fetch may run on two threads
@@ -181,10 +190,37 @@ class L3Tier:
         if not self._writes.submit(_Write(keys, blocks.to("cpu", copy=True), tenant, head or [])):
             self._forget(keys)
 
-    def _write(self, item: _Write) -> None:
+    @property
+    def renews(self) -> bool:
+        """Whether reuses are worth telling Redis about: only a tenant quota reads the index's scores."""
+        return bool(getattr(self.store, "tenant_max_blocks", 0))
+
+    def renew(self, keys: list[bytes], tenant: str) -> None:
+        """Queue a renewal of reused blocks Redis holds (`RedisKVStore.renew`), each at most once per
+        `renew_every_s`: a tenant quota then trims by last use, so a hot head that replicas serve from
+        L1, and so never write again, is not trimmed as the oldest block. Dropped when the writer is
+        behind."""
+        if not keys or not self.renews:
+            return
+        now = self.clock()
+        due_before = now - self.renew_every_s
+        with self._lock:
+            due = [key for key in keys if self._renewed.get(key, due_before) <= due_before]
+            for key in due:
+                self._renewed[key] = now
+                self._renewed.move_to_end(key)
+            while len(self._renewed) > self.known_limit:
+                self._renewed.popitem(last=False)
+        if due:
+            self._writes.submit(_Renewal(due, tenant))
+
+    def _write(self, item: _Write | _Renewal) -> None:
         """The writer thread's write; blocks it could not store (Redis down, full, the breaker open) are
         forgotten, so that the next store of them publishes them again instead of skipping them for hours,
         and so are blocks the tenant's quota deleted, this write's or older ones."""
+        if isinstance(item, _Renewal):
+            self.store.renew(item.keys, item.tenant)
+            return
         written = ChainWrite(0, [])
         try:
             written = self.store.write_chain(

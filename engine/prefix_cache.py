@@ -295,6 +295,9 @@ class PrefixCache:
             if fresh:
                 indices = self._rows([self.index[keys[i]] for i in fresh])
                 self.l3.publish([keys[i] for i in fresh], self.pool[indices], tenant)
+            if self.l3 is not None and self.l3.renews:  # with a tenant quota: trimmed by last use
+                new = set(fresh)
+                self.l3.renew([key for i, key in enumerate(keys) if i not in new], tenant)
 
     def adopt(self, keys: list[bytes], blocks: list[torch.Tensor], waited_s: float = 0.0) -> int:
         """Bring host blocks fetched from L3 on another thread into L1, pinned as templates are.

@@ -25,7 +25,7 @@ PROMPT = [1] + list(range(60, 108))  # three full blocks of 16, plus one token
 L3_META = KVBlockMeta("fp", "float32", (1, 2, 1, 4, 2), 4, LAYOUT)
 
 
-def replica(model, redis_url, namespace, *, cost=None, first_use=True, sightings=None) -> Engine:  # noqa: F811
+def replica(model, redis_url, namespace, *, cost=None, first_use=True, sightings=None, quota=0) -> Engine:  # noqa: F811
     runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
     engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS)
     engine.prefix_cache = PrefixCache(runner, 32, 16, "fp", sightings=sightings)
@@ -33,7 +33,9 @@ def replica(model, redis_url, namespace, *, cost=None, first_use=True, sightings
     meta = KVBlockMeta(
         "fp", dtype_name(runner.dtype), (shape.layers, 2, shape.kv_heads, 16, shape.head_dim), 16, LAYOUT
     )
-    store = RedisKVStore(redis_url, namespace, timeout_s=0.2, breaker=CircuitBreaker())
+    store = RedisKVStore(
+        redis_url, namespace, timeout_s=0.2, breaker=CircuitBreaker(), tenant_max_blocks=quota
+    )
     engine.prefix_cache.l3 = L3Tier(store, meta, cost or LoadCostModel(prior_prefill_tokens_per_s=50.0))
     engine.prefix_cache.publish_on_first_use = first_use
     return engine
@@ -445,3 +447,34 @@ def test_a_continuation_names_the_chain_it_extends_to_the_l3_write(model, redis_
         run_until_idle(engine)
     chain = engine.prefix_cache.chain_keys(longer, "default")
     assert [(w.keys, w.head) for w in writes] == [(chain[:3], []), (chain[3:5], chain[:3])]
+
+
+def test_with_a_quota_a_chain_reused_from_l1_is_renewed_in_redis_once_a_period(model, redis_server, request):  # noqa: F811
+    """Served from L1, a hot head is never written again: without a renewal its score would say "oldest"
+    and the tenant's quota would trim it first."""
+    engine = replica(model, redis_server, f"kv-test:{request.node.name}", first_use=False, quota=100)
+    l3 = engine.prefix_cache.l3
+    clock = FakeClock()
+    l3.clock = clock
+    warm = RecordingSink()
+    engine.submit(request_of(PROMPT + [5], warm, tier="warmup"))  # written to Redis at once
+    run_until_idle(engine)
+    for ending in (6, 7):  # reused from L1; the first reuse's renewal is queued, the second's is not due
+        serve(engine, PROMPT + [ending])
+    clock.now += 61.0
+    serve(engine, PROMPT + [8])
+    l3._writes.close()
+    assert l3.store.stats.renewals == 2
+    index = l3.store.tenant_index("default")
+    names = [l3.store.redis_key(k) for k in engine.prefix_cache.chain_keys(PROMPT + [5], "default")]
+    scores = [l3.store.client.zscore(index, name) for name in names]
+    assert all(s is not None for s in scores) and scores == sorted(scores, reverse=True), "head first"
+
+
+def test_no_renewal_without_a_quota(model, redis_server, request):  # noqa: F811
+    engine = replica(model, redis_server, f"kv-test:{request.node.name}", first_use=False)
+    assert not engine.prefix_cache.l3.renews
+    serve(engine, PROMPT + [5])
+    serve(engine, PROMPT + [6])
+    engine.prefix_cache.l3._writes.close()
+    assert engine.prefix_cache.l3.store.stats.renewals == 0

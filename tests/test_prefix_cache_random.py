@@ -68,6 +68,8 @@ class MemoryL3:
             found.append(self.blocks[key].clone())
         return found
 
+    renews = False  # no tenant quota
+
     def unknown(self, keys: list[bytes]) -> list[int]:
         return [i for i, key in enumerate(keys) if key not in self.blocks]
 

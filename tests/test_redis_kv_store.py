@@ -342,3 +342,25 @@ def test_the_writers_directory_never_lists_what_the_quota_deleted(redis_server, 
         assert [directory.contains(store.redis_key(k)) for k in keys] == [True, True, False, False, False]
     finally:
         store.close()
+
+
+def test_a_renewed_chain_is_trimmed_after_chains_used_longer_ago(redis_server, namespace, raw):
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, tenant_max_blocks=4)
+    try:
+        a, b, c = _keys(2, "a"), _keys(2, "b"), _keys(2, "c")
+        for keys in (a, b):
+            assert store.put_chain(keys, [_block(0), _block(1)], META, tenant="t") == 2
+        time.sleep(0.01)
+        assert store.renew(a, "t") and store.stats.renewals == 1  # a was read: it is the recent one now
+        written = store.write_chain(c, [_block(2), _block(3)], META, "t")
+        assert sorted(written.evicted) == sorted(b) and store.exists_chain(a) == 2
+        assert 24 * 3600 - 5 <= raw.ttl(store.redis_key(a[0])) <= 24 * 3600
+        assert store.renew(_keys(2, "gone"), "t")  # names Redis does not hold: not added to the index
+        assert raw.zcard(store.tenant_index("t")) == 4
+    finally:
+        store.close()
+    free = RedisKVStore(redis_server, namespace, timeout_s=0.5)
+    try:
+        assert not free.renew(a, "t"), "no quota: nothing to renew"
+    finally:
+        free.close()
