@@ -50,6 +50,11 @@ class TierRow:
         return None if not self.capacity or self.held is None else self.held / self.capacity
 
 
+# L3 has no evictions of its own (Redis evicts at maxmemory: `python -m client cache --redis-url`); what
+# the engine deletes there is a tenant quota's trim
+EVICTION_COUNTER = {"l3": "quota_evictions"}
+
+
 def hits(tier: str, counter) -> float:
     return sum(map(counter, L3_SERVED)) if tier == "l3" else counter(HIT_COUNTER.get(tier, "hits"))
 
@@ -81,7 +86,7 @@ def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
                 misses=None if kv else misses(tier, counter),
                 held=gauge("blocks"),
                 capacity=gauge("capacity_blocks"),
-                evictions=counter("evictions"),
+                evictions=counter(EVICTION_COUNTER.get(tier, "evictions")),
                 seconds_saved=counter("seconds_saved"),
                 seconds_lost=counter("seconds_lost_slow_load"),
                 errors=counter("errors"),
