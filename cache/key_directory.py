@@ -67,6 +67,7 @@ CHAIN_SCORE_STEP = (
 class Written:
     stored: list[bool]  # whether each SET took
     evicted: list[str]  # names the index's limit deleted (its owner's oldest, maybe some just written)
+    trim_error: str | None = None  # the quota's script failed (the SETs took; nothing was announced)
 
 
 def write_announced(
@@ -113,21 +114,39 @@ def write_announced(
         if isinstance(reply, Exception):
             raise reply
     evicted: list[str] = []
-    if trims and not isinstance(
-        replies[-1], Exception
-    ):  # the SETs took: a failed trim waits for the next write
+    trim_error = None
+    if trims and isinstance(replies[-1], Exception):  # the SETs took: the next write trims
+        trim_error = f"{type(replies[-1]).__name__}: {replies[-1]}"
+    elif trims:
         evicted = [name.decode() if isinstance(name, bytes) else str(name) for name in replies[-1]]
-    return Written([bool(reply) for reply in replies[: len(values)]], evicted)
+    return Written([bool(reply) for reply in replies[: len(values)]], evicted, trim_error)
+
+
+# Renew the names an index lists (ARGV[4:], a chain head first): a score as if written at ARGV[2] less
+# ARGV[3] per position, never lower than before, a fresh TTL (ARGV[1]) for each value and for the index.
+# Names it does not list (deleted, expired, another owner's) are left alone: a value must never outlive
+# the index that lets `forget-tenant` find it. No ZADD GT, which needs Redis 6.2.
+_RENEW = """
+local ttl, top, step, listed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), false
+for i = 4, #ARGV do
+  local old = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if old then
+    local score = top - (i - 4) * step
+    if score > tonumber(old) then redis.call('ZADD', KEYS[1], score, ARGV[i]) end
+    redis.call('EXPIRE', ARGV[i], ttl)
+    listed = true
+  end
+end
+if listed then redis.call('EXPIRE', KEYS[1], ttl) end
+return listed and 1 or 0
+"""
 
 
 def queue_renewal(pipe: Any, index: str, names: Sequence[str], ttl_s: int, top: float | None = None) -> None:
-    """Queue on `pipe`: the names `index` lists get a score as if written now (in chain order: the first
-    highest), never lower than they had, and their values a fresh TTL. Names the index does not list
-    (deleted, expired, or another owner's) are left alone."""
+    """Queue on `pipe` (one EVAL): the names `index` lists get a score as if written now, in chain order
+    (the first highest), never lower than they had, and they and the index a fresh TTL."""
     top = time.time() + ttl_s if top is None else top
-    pipe.zadd(index, {name: top - i * CHAIN_SCORE_STEP for i, name in enumerate(names)}, xx=True, gt=True)
-    for name in names:
-        pipe.expire(name, ttl_s)
+    pipe.eval(_RENEW, 1, index, int(ttl_s), repr(float(top)), repr(CHAIN_SCORE_STEP), *names)
 
 
 def _glob_escaped(text: str) -> str:

@@ -205,7 +205,10 @@ class RedisKVStore:
             for name in written.evicted:
                 self.directory.discard(name)
         stored = sum(1 for r in written.stored if r)
+        if written.trim_error is not None:
+            self.last_error = f"tenant quota trim: {written.trim_error}"
         with self._lock:
+            self._stats.errors += written.trim_error is not None
             self._stats.stores += stored
             self._stats.bytes_stored += sum(len(v) for v, r in zip(values, written.stored) if r)
             self._stats.quota_evictions += len(written.evicted)
@@ -224,7 +227,9 @@ class RedisKVStore:
         def op() -> bool:
             pipe = self.client.pipeline(transaction=False)
             queue_renewal(pipe, self.tenant_index(tenant), names, self.ttl_s)
-            pipe.execute(raise_on_error=False)  # ZADD GT needs Redis 6.2: an older one keeps write order
+            (reply,) = pipe.execute(raise_on_error=False)
+            if isinstance(reply, Exception):
+                raise reply
             return True
 
         renewed = self._call(op, write=True)

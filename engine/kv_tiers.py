@@ -184,7 +184,8 @@ class L3Tier:
         self.republish_skipped += len(keys) - len(fresh)
         if not fresh:
             return
-        if len(fresh) < len(keys):
+        if len(fresh) < len(keys):  # the known ones before the first fresh are this write's head too
+            head = [*(head or []), *keys[: fresh[0]]]
             keys, blocks = [keys[i] for i in fresh], blocks[fresh]
         self._remember(keys)  # before the write is queued: the writer forgets them if it fails
         if not self._writes.submit(_Write(keys, blocks.to("cpu", copy=True), tenant, head or [])):
@@ -205,7 +206,9 @@ class L3Tier:
         now = self.clock()
         due_before = now - self.renew_every_s
         with self._lock:
-            due = [key for key in keys if self._renewed.get(key, due_before) <= due_before]
+            # the keys up to the last one due, not only those due: a renewed tail must not outrank its head
+            due_at = [i for i, key in enumerate(keys) if self._renewed.get(key, due_before) <= due_before]
+            due = keys[: due_at[-1] + 1] if due_at else []
             for key in due:
                 self._renewed[key] = now
                 self._renewed.move_to_end(key)

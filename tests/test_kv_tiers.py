@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from engine.cache_stats import cache_counters
 from engine.prefix_cache import PrefixCache, block_keys
 from tests.test_engine_batching import BUCKETS, EOS, RecordingSink, model, request, run_until_idle  # noqa: F401
 from tests.test_engine_batching import request as request_of
+from tests.conftest import wait_for
 from tests.test_prefix_cache import FakeClock, TimedRunner
 
 PROMPT = [1] + list(range(60, 108))  # three full blocks of 16, plus one token
@@ -478,3 +480,47 @@ def test_no_renewal_without_a_quota(model, redis_server, request):  # noqa: F811
     serve(engine, PROMPT + [6])
     engine.prefix_cache.l3._writes.close()
     assert engine.prefix_cache.l3.store.stats.renewals == 0
+
+
+def _index_scores(store, keys: list[bytes]) -> list[float | None]:
+    return [store.client.zscore(store.tenant_index("t"), store.redis_key(k)) for k in keys]
+
+
+def test_a_publish_that_skips_known_blocks_ranks_them_above_the_new_tail(redis_server, request):
+    """A chain stored again one block longer (evicted from L1, recomputed): the blocks Redis holds are not
+    written, but they are the new block's head, so a trim takes the new tail first, not a head block."""
+    store = RedisKVStore(redis_server, f"kv-test:{request.node.name}", timeout_s=0.5, tenant_max_blocks=6)
+    l3 = L3Tier(store, L3_META)
+    keys = [f"k{i}".encode() for i in range(5)]
+    blocks = torch.ones(5, 1, 2, 1, 4, 2)
+    try:
+        l3.publish(keys[:4], blocks[:4], "t")
+        assert wait_for(lambda: store.exists_chain(keys) == 4, 10)
+        time.sleep(0.01)
+        l3.publish(keys, blocks, "t", [])
+        l3.publish([b"o0", b"o1"], blocks[:2], "t")  # 7 > 6: one block goes
+        l3._writes.close()
+        assert [bool(store.client.exists(store.redis_key(k))) for k in keys] == [True] * 4 + [False]
+    finally:
+        l3.close()
+
+
+def test_a_renewal_never_ranks_a_tail_above_its_head(redis_server, request):
+    """Renewals are due per key once a minute; a chain whose head was renewed by a shorter reuse moments
+    ago is renewed from its head all the same, not its tail alone."""
+    store = RedisKVStore(redis_server, f"kv-test:{request.node.name}", timeout_s=0.5, tenant_max_blocks=100)
+    l3 = L3Tier(store, L3_META)
+    head, tail = b"head", b"tail"
+    try:
+        l3.publish([head, tail], torch.ones(2, 1, 2, 1, 4, 2), "t")
+        assert wait_for(lambda: store.exists_chain([head, tail]) == 2, 10)
+        time.sleep(0.01)
+        l3.renew([head], "t")
+        assert wait_for(lambda: store.stats.renewals == 1, 10)
+        time.sleep(0.01)
+        l3.renew([head, tail], "t")
+        l3._writes.close()
+        h, t = _index_scores(store, [head, tail])
+        assert h > t
+    finally:
+        l3.close()

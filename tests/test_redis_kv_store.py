@@ -17,6 +17,7 @@ from cache.circuit_breaker import BreakerState, CircuitBreaker
 from cache.kv_format import KVBlockMeta
 from cache.key_directory import KeyDirectory
 from cache.redis_kv_store import RedisKVStore
+from cache.tenant_erasure import erase_tenant
 from tests.conftest import wait_for
 
 SHAPE = (2, 2, 2, 16, 8)
@@ -364,3 +365,40 @@ def test_a_renewed_chain_is_trimmed_after_chains_used_longer_ago(redis_server, n
         assert not free.renew(a, "t"), "no quota: nothing to renew"
     finally:
         free.close()
+
+
+def _quota_store(redis_server, namespace):
+    return RedisKVStore(redis_server, namespace, timeout_s=0.5, tenant_max_blocks=100)
+
+
+def test_a_renewal_keeps_the_index_alive_as_long_as_the_blocks_it_renews(redis_server, namespace, raw):
+    """Else a tenant that only reuses its blocks keeps them alive past its index, and forget-tenant, which
+    finds a tenant's blocks through that index, misses them."""
+    store, tenant = _quota_store(redis_server, namespace), f"renewed-{uuid.uuid4().hex[:8]}"
+    try:
+        keys = _keys(2)
+        assert store.put_chain(keys, [_block(0), _block(1)], META, tenant=tenant) == 2
+        index, names = store.tenant_index(tenant), [store.redis_key(k) for k in keys]
+        for name in [index, *names]:  # ~24 h after the tenant's last write
+            raw.pexpire(name, 300)
+        assert store.renew(keys, tenant)
+        assert min(raw.ttl(name) for name in names) > 100 and raw.ttl(index) >= max(raw.ttl(n) for n in names)
+        time.sleep(0.6)  # anything left at the old TTL is gone now
+        assert erase_tenant(raw, tenant).keys["l3"] == 2 and not any(raw.exists(name) for name in names)
+    finally:
+        store.close()
+
+
+def test_a_renewal_leaves_alone_names_the_index_does_not_list(redis_server, namespace, raw):
+    store = _quota_store(redis_server, namespace)
+    try:
+        keys = _keys(2)
+        assert store.put_chain(keys, [_block(0), _block(1)], META, tenant="t") == 2
+        index, names = store.tenant_index("t"), [store.redis_key(k) for k in keys]
+        raw.zrem(index, *names)  # pruned, or the index lost
+        for name in names:
+            raw.expire(name, 100)
+        assert store.renew(keys, "t")
+        assert raw.zcard(index) == 0 and all(raw.ttl(name) <= 100 for name in names)
+    finally:
+        store.close()
