@@ -21,6 +21,7 @@ from engine.model_runner import ModelRunner
 from engine.cache_stats import cache_counters, cache_gauges
 from engine.observer import EngineObserver, EngineStats
 from engine.l3_prefetch import L3Prefetcher
+from engine.lookup_pool import LookupPool
 from engine.prefix_cache import PrefixCache, PrefixHint
 from engine.queueing import Ewma, PolicyQueue
 from engine.requests import EngineRequest
@@ -104,6 +105,7 @@ class Engine:
         self.output_tokens = Ewma()
         self.feedback: SloFeedbackLoop | None = None
         self.responses: ResponseTier | None = None
+        self.lookups: LookupPool | None = None  # the semantic cache's lookups, off the submitting thread
         self.tenant_auth = TenantAuth()  # the loader's reads LLM_TENANT_SECRET
         self._cache_stats_at = 0.0
         self._next_expiry_ns = NEVER  # the soonest a queued request expires (max_queue_ms); a bound
@@ -157,11 +159,33 @@ class Engine:
         if self.recorder is not None and request.params.tier != WARMUP_TIER:  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))
         if self.responses is not None and request.params.uses_response_cache:
-            found = self.responses.lookup(request.prompt_ids, request.params)
-            if found.tokens is not None:  # [] is a hit too: an answer whose first token ended it
-                self._answer_from_cache(request, found.tokens)
+            if self.lookups is not None and not own and self.responses.asks_semantic(request.params):
+                self.lookups.run(lambda: self._look_up_then_queue(request))  # off the execute thread
+                return  # (warmup requests look up inline: warmup steps the engine until they are done)
+            if self._answered_from_cache(request):
                 return
-            request.response_key = found.key
+        self._queue_request(request)
+
+    def _answered_from_cache(self, request: EngineRequest) -> bool:
+        found = self.responses.lookup(request.prompt_ids, request.params)
+        if found.tokens is not None:  # [] is a hit too: an answer whose first token ended it
+            self._answer_from_cache(request, found.tokens)
+            return True
+        request.response_key = found.key
+        return False
+
+    def _look_up_then_queue(self, request: EngineRequest) -> None:
+        """`submit`'s rest on a lookup thread: what it would have raised goes to the request's sink."""
+        try:
+            if not self._answered_from_cache(request):
+                self._queue_request(request)
+        except RequestError as exc:
+            request.sink.fail(exc.code, exc.message)
+        except Exception as exc:  # a bug must not leave the client waiting
+            request.sink.fail("INTERNAL", f"response-cache lookup failed: {type(exc).__name__}: {exc}")
+
+    def _queue_request(self, request: EngineRequest) -> None:
+        length = len(request.prompt_ids)
         if self.prefix_cache is not None and request.params.uses_kv_tiers:
             request.prefix_hint = self.prefix_cache.hint(request.prompt_ids, request.params.tenant)
         with self._lock:
@@ -248,6 +272,8 @@ class Engine:
         with self._lock:
             self._accepting = False
             self._lock.notify()
+        if self.lookups is not None:  # each lookup under way ends by answering or failing its request
+            self.lookups.shutdown()
         deadline = time.monotonic() + drain_timeout_s
         with self._lock:
             while (self._queue or self._active) and time.monotonic() < deadline:

@@ -115,6 +115,11 @@ class ResponseTier:
         """Writes that raised (a bug or a bad value, not Redis trouble, which the store absorbs): skipped."""
         return self._writes.failed
 
+    def asks_semantic(self, params: EngineRequestParams) -> bool:
+        """Whether a lookup for `params` may reach the semantic cache (slow: an embedding and maybe the
+        pair classifier), so that the engine runs it off the submitting thread."""
+        return self.semantic is not None and self.cache.cacheable(params)
+
     def lookup(self, prompt_ids: list[int], params: EngineRequestParams) -> ResponseLookup:
         """The cached answer as token ids (None: a miss, not cacheable, or Redis unavailable) and the key."""
         if not self.cache.cacheable(params):
