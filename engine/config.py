@@ -97,6 +97,7 @@ class EngineConfig:
     semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json
     semantic_pair_check: bool = True  # every would-be hit also passes cache/pair_classifier.safetensors
     semantic_pair_min: float = 0.3  # its cut (bench/results/semantic-cache-cpu.md)
+    semantic_lookup_threads: int = 1  # threads that run semantic lookups off the execute thread (0: inline)
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""
@@ -153,6 +154,10 @@ class EngineConfig:
             raise ValueError("max_batch_size must be >= 1 and max_seq_len >= 2")
         if self.prefix_cache_blocks < 0 or self.l2_cache_blocks < 0:
             raise ValueError("prefix_cache_blocks and l2_cache_blocks must be >= 0 (0: that tier is off)")
+        if self.semantic_lookup_threads < 0:
+            raise ValueError(
+                f"semantic_lookup_threads must be >= 0 (0: inline), got {self.semantic_lookup_threads}"
+            )
         if self.l3_tenant_max_blocks < 0:
             raise ValueError(
                 f"l3_tenant_max_blocks must be >= 0 (0: no quota), got {self.l3_tenant_max_blocks}"

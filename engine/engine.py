@@ -29,7 +29,7 @@ from engine.sampling import Sampler, TokenPicker
 from engine.stop_strings import StopMatcher
 from engine.traffic_recorder import TrafficRecorder
 from scheduler.errors import RequestError
-from engine.response_tier import ResponseTier
+from engine.response_tier import ResponseLookup, ResponseTier
 from engine.slo_feedback import SloFeedbackLoop
 from scheduler.admission import AdmissionController, EngineLoad
 from scheduler.feedback import FeedbackController
@@ -159,25 +159,27 @@ class Engine:
         if self.recorder is not None and request.params.tier != WARMUP_TIER:  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))
         if self.responses is not None and request.params.uses_response_cache:
-            if self.lookups is not None and not own and self.responses.asks_semantic(request.params):
-                self.lookups.run(lambda: self._look_up_then_queue(request))  # off the execute thread
-                return  # (warmup requests look up inline: warmup steps the engine until they are done)
-            if self._answered_from_cache(request):
+            offload = self.lookups is not None and not own and self.responses.asks_semantic(request.params)
+            found = self.responses.lookup(request.prompt_ids, request.params, semantic=not offload)
+            if self._answered(request, found):  # an exact hit is answered here, without waiting
+                return
+            if offload:  # the semantic lookup off the execute thread (warmup's own requests: inline)
+                self.lookups.run(lambda: self._look_up_semantic_then_queue(request))
                 return
         self._queue_request(request)
 
-    def _answered_from_cache(self, request: EngineRequest) -> bool:
-        found = self.responses.lookup(request.prompt_ids, request.params)
+    def _answered(self, request: EngineRequest, found: ResponseLookup) -> bool:
         if found.tokens is not None:  # [] is a hit too: an answer whose first token ended it
             self._answer_from_cache(request, found.tokens)
             return True
         request.response_key = found.key
         return False
 
-    def _look_up_then_queue(self, request: EngineRequest) -> None:
+    def _look_up_semantic_then_queue(self, request: EngineRequest) -> None:
         """`submit`'s rest on a lookup thread: what it would have raised goes to the request's sink."""
         try:
-            if not self._answered_from_cache(request):
+            found = self.responses.lookup_semantic(request.prompt_ids, request.params, request.response_key)
+            if not self._answered(request, found):
                 self._queue_request(request)
         except RequestError as exc:
             request.sink.fail(exc.code, exc.message)

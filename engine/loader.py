@@ -392,8 +392,12 @@ def load_engine(
         except Exception as exc:  # no compile then: the engine serves eager
             compile_failures.append({"stage": "compile", "error": f"{type(exc).__name__}: {exc}"})
     engine.responses = build_response_tier(config, fingerprint, model_dir, decoder, log)
-    if engine.responses is not None and engine.responses.semantic is not None:
-        engine.lookups = LookupPool()  # a semantic lookup (~11 ms) must not hold up the requests behind it
+    if (
+        engine.responses is not None
+        and engine.responses.semantic is not None
+        and config.semantic_lookup_threads
+    ):
+        engine.lookups = LookupPool(config.semantic_lookup_threads)  # not to hold up the requests behind
     load_seconds = time.perf_counter() - started
     log(
         f"loaded {model_dir} on {runner.device} ({config.dtype}) in {load_seconds:.2f}s; "

@@ -116,12 +116,15 @@ class ResponseTier:
         return self._writes.failed
 
     def asks_semantic(self, params: EngineRequestParams) -> bool:
-        """Whether a lookup for `params` may reach the semantic cache (slow: an embedding and maybe the
-        pair classifier), so that the engine runs it off the submitting thread."""
+        """Whether a miss of the exact cache for `params` goes on to the semantic cache (slow: an
+        embedding and maybe the pair classifier), which the engine may run off the submitting thread."""
         return self.semantic is not None and self.cache.cacheable(params)
 
-    def lookup(self, prompt_ids: list[int], params: EngineRequestParams) -> ResponseLookup:
-        """The cached answer as token ids (None: a miss, not cacheable, or Redis unavailable) and the key."""
+    def lookup(
+        self, prompt_ids: list[int], params: EngineRequestParams, semantic: bool = True
+    ) -> ResponseLookup:
+        """The cached answer as token ids (None: a miss, not cacheable, or Redis unavailable) and the key.
+        `semantic` False: the exact cache only (then `lookup_semantic` on a miss, on another thread)."""
         if not self.cache.cacheable(params):
             return ResponseLookup(None, None)
         began = time.perf_counter()
@@ -133,11 +136,21 @@ class ResponseTier:
                 self.cache.count_hit()
             else:  # another prompt's answer, never served nor counted: the prompt's own is asked for
                 text = self.cache.get(prompt_ids, params, key.value)
-        if text is None and self.semantic is not None:
-            question, variant = self.prompt_text(prompt_ids)
-            hit = self.semantic.lookup(question, params.tenant, params, variant=variant)
-            text = None if hit is None else hit.answer
-        found = ResponseLookup(None if text is None else self.encode(text), key)
+        self._spent(began)
+        if text is None and semantic:
+            return self.lookup_semantic(prompt_ids, params, key)
+        return ResponseLookup(None if text is None else self.encode(text), key)
+
+    def lookup_semantic(
+        self, prompt_ids: list[int], params: EngineRequestParams, key: ResponseKey | None
+    ) -> ResponseLookup:
+        """The semantic cache's answer for a prompt the exact cache missed (`key`: that lookup's)."""
+        if self.semantic is None:
+            return ResponseLookup(None, key)
+        began = time.perf_counter()
+        question, variant = self.prompt_text(prompt_ids)
+        hit = self.semantic.lookup(question, params.tenant, params, variant=variant)
+        found = ResponseLookup(None if hit is None else self.encode(hit.answer), key)
         self._spent(began)
         return found
 

@@ -127,6 +127,8 @@ def test_the_config_rejects_a_malformed_size_and_negative_counts(tmp_path):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_tenant_max_blocks": "-1"})
     quota = EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_tenant_max_blocks": "5000"})
     assert quota.l3_tenant_max_blocks == 5000
+    with pytest.raises(ValueError, match="semantic_lookup_threads must be >= 0"):
+        EngineConfig.from_parameters({"model_dir": str(tmp_path), "semantic_lookup_threads": "-1"})
 
 
 @pytest.mark.parametrize(

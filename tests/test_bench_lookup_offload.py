@@ -1,0 +1,20 @@
+"""bench.lookup_offload, small: the real engine and semantic cache against a real redis-server; with the
+lookups on their own threads the burst's submits return without waiting for them, and every mode's
+requests all finish."""
+
+from __future__ import annotations
+
+import json
+
+from bench.lookup_offload import main
+
+
+def test_the_burst_submits_return_at_once_with_the_lookups_off_the_submitting_thread(tmp_path):
+    assert main(["--rounds", "1", "--burst", "3", "--out-dir", str(tmp_path), "--tag", "t"]) == 0
+    data = json.loads((tmp_path / "lookup-offload-t.json").read_text())
+    results = {r["mode"]: r for r in data["results"]}
+    assert set(results) == {"inline", "1 thread", "2 threads"}
+    inline, pooled = results["inline"], results["2 threads"]
+    assert pooled["submit_ms"][0] < inline["submit_ms"][0] / 3, "inline submits wait for three lookups"
+    assert all(len(r["sampled_ttft_ms"]) == 1 and r["last_greedy_ttft_ms"][0] > 0 for r in results.values())
+    assert (tmp_path / "lookup-offload-t.png").stat().st_size > 0
