@@ -227,6 +227,13 @@ def write_results(
     return base
 
 
+def link_plot(base: Path) -> None:
+    """Show <base>.png at the end of <base>.md (the figures beside their table)."""
+    md = base.with_suffix(".md")
+    md.write_text(md.read_text() + f"\n![plot]({base.name}.png)\n")
+    progress(f"wrote {base}.json/.md/.png")
+
+
 def progress(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 

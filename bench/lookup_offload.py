@@ -24,7 +24,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.common import add_engine_args, in_process_config, median, print_table, progress, write_results
+from bench.common import (
+    link_plot,
+    add_engine_args,
+    in_process_config,
+    median,
+    print_table,
+    progress,
+    write_results,
+)
 from deploy.launch import find_free_port, start_redis_server
 from engine.loader import load_engine
 from engine.lookup_pool import LookupPool
@@ -183,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"results": [asdict(r) for r in results], "args": {k: str(v) for k, v in vars(args).items()}}
     base = write_results("lookup-offload", tag, payload, table + "\n" + note, command.strip(), args.out_dir)
     plot(results, base.with_suffix(".png"))
-    md = base.with_suffix(".md")
-    md.write_text(md.read_text() + f"\n![plot]({base.name}.png)\n")
-    progress(f"wrote {base}.json/.md/.png")
+    link_plot(base)
     return 0
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import redis
 import torch
 
-from bench.common import median, print_table, progress, write_results
+from bench.common import link_plot, median, print_table, progress, write_results
 from cache.kv_format import KVBlockMeta
 from cache.redis_kv_store import RedisKVStore
 from deploy.launch import find_free_port, start_redis_server
@@ -158,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "tenant-quota", args.tag, payload, table + "\n" + note, command.strip(), results_dir=args.out_dir
     )
     plot(results, base.with_suffix(".png"))
-    md = base.with_suffix(".md")
-    md.write_text(md.read_text() + f"\n![plot]({base.name}.png)\n")
-    progress(f"wrote {base}.json/.md/.png")
+    link_plot(base)
     return 0
 
 
