@@ -3,11 +3,13 @@
 With the semantic cache on, every deterministic request's lookup embeds its prompt (and may run the pair
 classifier). `Engine.submit` runs on the Python backend's execute thread, one request after another, so
 inline each lookup held up every request behind it. In-process (no Triton), the real engine with the real
-semantic cache and a real redis-server: per round, a burst of `--burst` greedy requests (distinct prompts:
-misses) and then one sampled request (no lookup) are submitted back to back, as one execute call would;
-reported per mode are the time the burst's submits take and, counted from the burst's start (the
-requests arrive together; Triton holds them while execute is busy), the sampled request's time to first
-token and the greedy requests' median and last.
+semantic cache and a real redis-server, per round and mode: a burst of `--burst` greedy requests
+(questions on distinct topics, in a tenant of their own that holds 20 unrelated entries, so each lookup
+embeds and compares but finds nothing: misses, which the report checks), then one sampled request (no
+lookup), submitted back to back as one execute call would. The modes take turns going first, and each
+round waits for the response writer before the next. Reported per mode: the time the burst's submits
+take and, counted from the burst's start (the requests arrive together; Triton holds them while execute
+is busy), the sampled request's time to first token and the greedy requests' median and last.
 
     python -m bench.lookup_offload [--rounds 10] [--burst 8]
 Writes bench/results/lookup-offload-<tag>.{json,md,png}.
@@ -38,8 +40,23 @@ from engine.loader import load_engine
 from engine.lookup_pool import LookupPool
 from engine.requests import EngineRequest
 from scheduler.messages import EngineRequestParams
+from scheduler.tenant_auth import TenantAuth
 
-WORDS = "how do I reset my router password when the admin page will not load after an update".split()
+# one burst's questions: distinct topics, so that none answers another (a burst would hit itself)
+QUESTIONS = (
+    "How do I reset my router password when the admin page will not load?",
+    "What is the boiling point of water at the top of Mount Everest?",
+    "Which chess opening is best for a beginner playing with the white pieces?",
+    "How long should I let bread dough rise before baking it?",
+    "Why does my car battery drain overnight when the engine is off?",
+    "What are the rules for carrying a lithium battery on a plane?",
+    "How can I tell whether a houseplant is overwatered or underwatered?",
+    "When did the Roman Empire split into an eastern and a western half?",
+    "How do I merge two branches in git without losing my local changes?",
+    "What is a good stretching routine after a long run?",
+    "How much vacation time do employees in France get each year?",
+    "Which telescope should an amateur buy to look at the rings of Saturn?",
+)
 
 
 class FirstTokenSink:
@@ -63,13 +80,34 @@ class FirstTokenSink:
         return False
 
 
+# what each round's tenant holds before its burst, so that a lookup embeds and compares as it would in a
+# tenant with history, yet finds nothing to serve: questions on none of the burst's topics
+FILLERS = tuple(
+    f"What is the capital city of {country}?"
+    for country in (
+        "Peru", "Kenya", "Norway", "Vietnam", "Chile", "Ghana", "Finland", "Nepal", "Uruguay", "Morocco",
+        "Latvia", "Bhutan", "Ecuador", "Senegal", "Slovenia", "Mongolia", "Bolivia", "Tunisia", "Estonia",
+        "Laos",
+    )
+)  # fmt: skip
+
+
+def fill_tenant(engine, tenant: str, embeddings) -> None:
+    params = EngineRequestParams(max_tokens=4, temperature=0.0, tenant=tenant)
+    semantic = engine.responses.semantic
+    for question, embedding in zip(FILLERS, embeddings):
+        semantic.store(question, tenant, params, "a stored answer", embedding=embedding)
+
+
 @dataclass
 class ModeResult:
     mode: str
+    workers: int  # 0: inline
     submit_ms: list[float] = field(default_factory=list)  # the whole burst's submits, per round
     sampled_ttft_ms: list[float] = field(default_factory=list)
     greedy_ttft_ms: list[float] = field(default_factory=list)  # median of the burst, per round
     last_greedy_ttft_ms: list[float] = field(default_factory=list)
+    hits: int = 0  # requests answered from the cache: 0 unless a burst's questions answer each other
 
     def row(self) -> list[object]:
         return [
@@ -78,24 +116,23 @@ class ModeResult:
             f"{median(self.sampled_ttft_ms):.1f}",
             f"{median(self.greedy_ttft_ms):.1f}",
             f"{median(self.last_greedy_ttft_ms):.1f}",
+            self.hits,
         ]
 
 
-def prompt_ids(tokenizer_encode, round_no: int, i: int) -> list[int]:
-    words = [WORDS[(round_no * 7 + i * 3 + k) % len(WORDS)] for k in range(10)]
-    return tokenizer_encode(f"Question {round_no}-{i}: " + " ".join(words) + "?")
-
-
-def run_round(engine, encode, result: ModeResult, round_no: int, burst: int) -> None:
-    greedy = EngineRequestParams(max_tokens=4, temperature=0.0, ignore_eos=True, stream=True)
-    sampled = EngineRequestParams(max_tokens=4, temperature=0.7, ignore_eos=True, stream=True)
+def run_round(engine, encode, result: ModeResult, tenant: str, burst: int) -> None:
+    """One burst in a tenant of its own (empty semantic cache); waits for the response writer after it, so
+    that no write of this round runs into the next."""
+    greedy = EngineRequestParams(max_tokens=4, temperature=0.0, ignore_eos=True, stream=True, tenant=tenant)
+    sampled = EngineRequestParams(max_tokens=4, temperature=0.7, ignore_eos=True, stream=True, tenant=tenant)
     sinks = [FirstTokenSink() for _ in range(burst + 1)]
+    cached = engine.stats.finished.get("cached", 0)
     started = time.perf_counter()
     for i, sink in enumerate(sinks):
         sink.started = started  # they arrive together: Triton holds them while execute is busy
         params = sampled if i == burst else greedy
-        ids = prompt_ids(encode, round_no, i)
-        engine.submit(EngineRequest(f"r{round_no}-{i}", ids, params, 3, 0, sink))
+        ids = encode(QUESTIONS[i % len(QUESTIONS)])
+        engine.submit(EngineRequest(f"{tenant}-{i}", ids, params, 3, 0, sink))
     result.submit_ms.append((time.perf_counter() - started) * 1e3)
     for sink in sinks:
         if not sink.done.wait(120) or sink.error:
@@ -104,6 +141,9 @@ def run_round(engine, encode, result: ModeResult, round_no: int, burst: int) -> 
     result.sampled_ttft_ms.append(firsts[-1])
     result.greedy_ttft_ms.append(median(firsts[:-1]))
     result.last_greedy_ttft_ms.append(max(firsts[:-1]))
+    result.hits += engine.stats.finished.get("cached", 0) - cached
+    if not engine.responses.drain_writes(30.0):
+        raise RuntimeError("the response writer did not catch up within 30 s")
 
 
 def plot(results: list[ModeResult], path: Path) -> None:
@@ -147,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             loaded = load_engine(config, log=lambda message: None)
             engine = loaded.engine
+            engine.tenant_auth = TenantAuth()  # in-process: its tenants are this benchmark's own, unsigned
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_file(str(Path(config.model_dir) / "tokenizer.json"))
@@ -155,36 +196,40 @@ def main(argv: list[str] | None = None) -> int:
                 return tokenizer.encode(text).ids
 
             shipped = engine.lookups
-            results = []
+            results = [ModeResult("inline", 0), ModeResult("1 thread", 1), ModeResult("2 threads", 2)]
+            pools = {r.workers: LookupPool(r.workers) for r in results if r.workers}
             try:
-                run_round(engine, encode, ModeResult("warm"), -1, args.burst)  # first-use costs, not measured
-                for k, workers in enumerate((0, 1, 2)):  # 0: inline, as before the pool
-                    engine.lookups = LookupPool(workers) if workers else None
-                    result = ModeResult(f"{workers} thread{'s' * (workers > 1)}" if workers else "inline")
-                    for round_no in range(args.rounds):
-                        run_round(engine, encode, result, 1000 * k + round_no, args.burst)
-                    if engine.lookups is not None:
-                        engine.lookups.shutdown()
-                    progress(f"{result.mode}: {result.row()}")
-                    results.append(result)
+                fillers = engine.responses.semantic.embed_queries(list(FILLERS))
+                fill_tenant(engine, "warm", fillers)
+                run_round(engine, encode, ModeResult("warm", 0), "warm", args.burst)  # first-use costs
+                for round_no in range(args.rounds):
+                    k = round_no % len(results)  # each mode first, second and last in turn
+                    for result in results[k:] + results[:k]:
+                        engine.lookups = pools.get(result.workers)
+                        tenant = f"r{round_no}-{result.workers}"
+                        fill_tenant(engine, tenant, fillers)
+                        run_round(engine, encode, result, tenant, args.burst)
+                    progress(f"round {round_no + 1}/{args.rounds}")
             finally:
                 engine.lookups = shipped
+                for pool in pools.values():
+                    pool.shutdown()
                 engine.shutdown(5.0)
+            for result in results:
+                progress(f"{result.mode}: {result.row()}")
         finally:
             redis.terminate()
             redis.wait(timeout=10)
     headers = [
-        "lookups",
-        "burst submits ms",
-        "sampled TTFT ms",
-        "greedy TTFT ms (median)",
-        "greedy TTFT ms (last)",
-    ]
+        "lookups", "burst submits ms", "sampled TTFT ms", "greedy TTFT ms (median)", "greedy TTFT ms (last)",
+        "cache hits",
+    ]  # fmt: skip
     table = print_table(headers, [r.row() for r in results])
     note = (
-        f"\nper round: {args.burst} greedy requests (distinct prompts, semantic misses) then 1 sampled, "
-        f"submitted back to back; medians over {args.rounds} rounds per mode; {args.preset} model on "
-        f"{args.device}; the semantic cache as shipped (MiniLM embedding, guard, verifier, pair classifier)\n"
+        f"\nper round and mode: {args.burst} greedy requests (distinct topics, in a tenant of their own "
+        "holding 20 unrelated entries: semantic misses) then 1 sampled, submitted back to back; the modes "
+        f"take turns going first; medians over {args.rounds} rounds; {args.preset} model on {args.device}; "
+        "the semantic cache as shipped (MiniLM embedding, guard, verifier, pair classifier)\n"
     )
     print(note)
     command = "python -m bench.lookup_offload " + shlex.join(sys.argv[1:] if argv is None else argv)

@@ -97,7 +97,7 @@ class EngineConfig:
     semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json
     semantic_pair_check: bool = True  # every would-be hit also passes cache/pair_classifier.safetensors
     semantic_pair_min: float = 0.3  # its cut (bench/results/semantic-cache-cpu.md)
-    semantic_lookup_threads: int = 1  # threads that run semantic lookups off the execute thread (0: inline)
+    semantic_lookup_threads: int = 2  # threads that run semantic lookups off the execute thread (0: inline)
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
     redis_url: str = ""

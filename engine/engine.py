@@ -175,23 +175,30 @@ class Engine:
         request.response_key = found.key
         return False
 
+    def use_lookup_threads(self, threads: int) -> None:
+        """Run semantic lookups on `threads` threads of their own (0: on the submitting thread)."""
+        self.lookups = LookupPool(threads, on_change=self._publish_load) if threads else None
+
     def _look_up_semantic_then_queue(self, request: EngineRequest) -> None:
-        """`submit`'s rest on a lookup thread: what it would have raised goes to the request's sink."""
+        """`submit`'s rest on a lookup thread: what it would have raised goes to the request's sink. The
+        request was accepted before its lookup: a shutdown begun meanwhile still queues it, to drain."""
         try:
             found = self.responses.lookup_semantic(request.prompt_ids, request.params, request.response_key)
             if not self._answered(request, found):
-                self._queue_request(request)
+                self._queue_request(request, accepted=True)
         except RequestError as exc:
             request.sink.fail(exc.code, exc.message)
         except Exception as exc:  # a bug must not leave the client waiting
-            request.sink.fail("INTERNAL", f"response-cache lookup failed: {type(exc).__name__}: {exc}")
+            request.sink.fail(
+                "INTERNAL", f"request failed after its cache lookup: {type(exc).__name__}: {exc}"
+            )
 
-    def _queue_request(self, request: EngineRequest) -> None:
+    def _queue_request(self, request: EngineRequest, accepted: bool = False) -> None:
         length = len(request.prompt_ids)
         if self.prefix_cache is not None and request.params.uses_kv_tiers:
             request.prefix_hint = self.prefix_cache.hint(request.prompt_ids, request.params.tenant)
         with self._lock:
-            if not self._accepting:
+            if self._stopping or not (self._accepting or accepted):
                 raise RequestError.unavailable("the engine is shutting down; retry on another replica")
             began = time.perf_counter_ns()
             if self.admission is not None:
@@ -266,17 +273,29 @@ class Engine:
         )
 
     def load(self) -> tuple[int, int]:
+        """(waiting, running): requests in a semantic lookup count as waiting, as they would in
+        Triton's queue if the lookups ran on the submitting thread, so that a drain sees them."""
+        pending = self.lookups.pending if self.lookups is not None else 0
         with self._lock:
-            return len(self._queue), len(self._active)
+            return len(self._queue) + pending, len(self._active)
+
+    def _publish_load(self) -> int:
+        """Report the load to the observer; returns the requests running."""
+        queued, active = self.load()
+        with self._lock:
+            positions = sum(s.position for s in self._active.values())
+        self.observer.on_load(queued, active, positions)
+        return active
 
     def shutdown(self, drain_timeout_s: float) -> None:
-        """Stop accepting, let queued and running requests finish, then fail whatever is left."""
+        """Stop accepting, let queued and running requests finish, then fail whatever is left; requests
+        in a semantic lookup are accepted already: they are queued (or answered) and drain with the rest."""
+        deadline = time.monotonic() + drain_timeout_s
         with self._lock:
             self._accepting = False
             self._lock.notify()
-        if self.lookups is not None:  # each lookup under way ends by answering or failing its request
+        if self.lookups is not None:
             self.lookups.shutdown()
-        deadline = time.monotonic() + drain_timeout_s
         with self._lock:
             while (self._queue or self._active) and time.monotonic() < deadline:
                 self._lock.wait(timeout=0.05)
@@ -307,8 +326,7 @@ class Engine:
         self._drop_expired()
         admitted = self._admit()
         decoded = self._decode() if self._active else False
-        queued, active = self.load()
-        self.observer.on_load(queued, active, sum(s.position for s in self._active.values()))
+        active = self._publish_load()
         self._publish_cache_counters()
         if self.recorder is not None:
             self.recorder.observe_active(active)

@@ -22,7 +22,6 @@ from engine.detokenize import TokenDecoder
 from engine.device_prewarm import DevicePrewarm, PrewarmShape
 from engine.engine import Engine
 from engine.gc_settle import settle_garbage_collector
-from engine.lookup_pool import LookupPool
 from engine.model_runner import ModelRunner
 from cache.kv_format import KVBlockMeta, dtype_name
 from cache.key_directory import KeyDirectory
@@ -392,12 +391,8 @@ def load_engine(
         except Exception as exc:  # no compile then: the engine serves eager
             compile_failures.append({"stage": "compile", "error": f"{type(exc).__name__}: {exc}"})
     engine.responses = build_response_tier(config, fingerprint, model_dir, decoder, log)
-    if (
-        engine.responses is not None
-        and engine.responses.semantic is not None
-        and config.semantic_lookup_threads
-    ):
-        engine.lookups = LookupPool(config.semantic_lookup_threads)  # not to hold up the requests behind
+    if engine.responses is not None and engine.responses.semantic is not None:
+        engine.use_lookup_threads(config.semantic_lookup_threads)  # not to hold up the requests behind
     load_seconds = time.perf_counter() - started
     log(
         f"loaded {model_dir} on {runner.device} ({config.dtype}) in {load_seconds:.2f}s; "

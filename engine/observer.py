@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 
@@ -51,6 +52,9 @@ class EngineStats:
     preemptions: int = 0
     resumes: int = 0
     shapes_seen: set[tuple[str, int]] = field(default_factory=set)
+    # the engine loop, the execute thread (exact hits) and lookup threads (semantic hits) all finish requests
+    _finish_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count_finish(self, status: str) -> None:
-        self.finished[status] = self.finished.get(status, 0) + 1
+        with self._finish_lock:
+            self.finished[status] = self.finished.get(status, 0) + 1

@@ -136,10 +136,12 @@ class ResponseTier:
                 self.cache.count_hit()
             else:  # another prompt's answer, never served nor counted: the prompt's own is asked for
                 text = self.cache.get(prompt_ids, params, key.value)
-        self._spent(began)
         if text is None and semantic:
+            self._spent(began)
             return self.lookup_semantic(prompt_ids, params, key)
-        return ResponseLookup(None if text is None else self.encode(text), key)
+        found = ResponseLookup(None if text is None else self.encode(text), key)
+        self._spent(began)
+        return found
 
     def lookup_semantic(
         self, prompt_ids: list[int], params: EngineRequestParams, key: ResponseKey | None
@@ -218,6 +220,10 @@ class ResponseTier:
                 return True
             self.first_sightings += 1
             return False
+
+    def drain_writes(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every answer handed to the writer so far is written; False on timeout."""
+        return self._writes.drain(timeout_s)
 
     def close(self) -> None:
         self._writes.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -29,6 +30,17 @@ class WriteBehind(Generic[T]):
             self.dropped += 1
             return False
 
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every item queued so far is written (or failed); False if `timeout_s` passed first."""
+        deadline = time.monotonic() + timeout_s
+        with self._items.all_tasks_done:
+            while self._items.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._items.all_tasks_done.wait(left)
+        return True
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Finish what is queued, then stop; gives up after `timeout_s` (a writer stuck on a slow Redis
         must not hold the engine's shutdown: the thread is a daemon)."""
@@ -45,3 +57,5 @@ class WriteBehind(Generic[T]):
             except Exception as exc:  # one bad item must not end the thread: every later write would drop
                 self.failed += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._items.task_done()

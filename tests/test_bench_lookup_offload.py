@@ -17,4 +17,5 @@ def test_the_burst_submits_return_at_once_with_the_lookups_off_the_submitting_th
     inline, pooled = results["inline"], results["2 threads"]
     assert pooled["submit_ms"][0] < inline["submit_ms"][0] / 3, "inline submits wait for three lookups"
     assert all(len(r["sampled_ttft_ms"]) == 1 and r["last_greedy_ttft_ms"][0] > 0 for r in results.values())
+    assert all(r["hits"] == 0 for r in results.values()), "every greedy request is a miss, in every mode"
     assert (tmp_path / "lookup-offload-t.png").stat().st_size > 0

@@ -13,6 +13,7 @@ import pytest
 
 from cache.response_cache import ExactResponseCache
 from engine.lookup_pool import LookupPool
+from scheduler.errors import RequestError
 from engine.response_tier import ResponseTier
 from tests.conftest import wait_for
 from tests.test_engine_batching import RecordingSink, make_engine, model, request  # noqa: F401
@@ -47,7 +48,7 @@ def gated_engine(model, redis_url, semantic):  # noqa: F811
     exact = ExactResponseCache(redis_url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     engine.responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], lambda ids, trim: b"x")
     engine.responses.semantic = semantic
-    engine.lookups = LookupPool(workers=1)
+    engine.use_lookup_threads(1)
     engine.start()
     return engine
 
@@ -82,18 +83,22 @@ def test_a_hit_found_off_thread_is_answered_from_the_cache(model, redis_server):
         engine.shutdown(1.0)
 
 
-def test_a_lookup_under_way_at_shutdown_fails_its_request(model, redis_server):  # noqa: F811
+def test_a_request_in_a_lookup_when_shutdown_begins_is_served_in_the_drain(model, redis_server):  # noqa: F811
+    """Accepted before the shutdown, as a request queued then; a request submitted after it is refused."""
     semantic = GatedSemantic()
     engine = gated_engine(model, redis_server, semantic)
-    sink = RecordingSink()
+    sink, late = RecordingSink(), RecordingSink()
     engine.submit(request([1, 5, 6], sink, temperature=0.0))
     assert semantic.entered.wait(10)
-    stopping = threading.Thread(target=engine.shutdown, args=(1.0,))
+    assert engine.load() == (1, 0), "a request in a lookup counts as waiting: a drain sees it"
+    stopping = threading.Thread(target=engine.shutdown, args=(10.0,))
     stopping.start()
     assert wait_for(lambda: not engine._accepting, 10)
+    with pytest.raises(RequestError, match="shutting down"):
+        engine.submit(request([1, 9, 9], late, temperature=0.7))
     semantic.gate.set()
     stopping.join(30)
-    assert not stopping.is_alive() and sink.errors and sink.errors[0][0] == "UNAVAILABLE"
+    assert not stopping.is_alive() and sink.finished and not sink.errors and len(sink.tokens) == 8
 
 
 def test_warmup_requests_look_up_inline(model, redis_server):  # noqa: F811
@@ -121,3 +126,25 @@ def test_past_max_pending_a_lookup_runs_on_the_caller():
     assert pool.pending == 0
     with pytest.raises(ValueError):
         LookupPool(workers=0)
+
+
+def test_cache_hits_answered_on_two_threads_are_all_counted(model):  # noqa: F811
+    """Exact hits are answered on the execute thread, semantic hits on a lookup thread: the engine's
+    own finished count (the warmup report's, the stop log's) must lose none of them."""
+    import sys
+
+    engine = make_engine(model, slots=2)
+    hit = request([1, 2, 3], RecordingSink(), temperature=0.0, max_tokens=2)
+    hit.sink = SimpleNamespace(send=lambda *args: None, fail=lambda *args: None, cancelled=lambda: False)
+    n, switch = 20000, sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=lambda: [engine._answer_from_cache(hit, [0]) for _ in range(n)])
+                   for _ in range(2)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert engine.stats.finished["cached"] == 2 * n

@@ -272,3 +272,21 @@ def test_a_tenant_flooding_one_off_prompts_does_not_delay_another_tenants_second
     responses.close()
     assert exact.get([1, 2, 3], quiet) == "e", "the quiet tenant's second sighting was admitted"
     assert exact.snapshot()["stores"] == 1 and responses.first_sightings == 501
+
+
+def test_an_exact_hits_encode_counts_in_the_request_path_time(redis_server):
+    """`exact/request_seconds` is the exact cache's cost on the request path: a hit's text back to ids
+    is part of it (a long answer through a real tokenizer takes a while)."""
+
+    def slow_encode(text):
+        time.sleep(0.05)
+        return [ord(c) - 97 for c in text]
+
+    exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    responses = ResponseTier(exact, slow_encode, letters)
+    try:
+        assert exact.put([3, 1, 4], GREEDY, "abc")
+        assert responses.lookup([3, 1, 4], GREEDY).tokens == [0, 1, 2]
+        assert responses.request_seconds >= 0.05
+    finally:
+        responses.close()

@@ -38,3 +38,16 @@ def test_close_gives_up_on_a_stuck_writer_with_a_full_queue():
     writes.close(timeout_s=0.2)
     assert time.monotonic() - started < 2.0
     release.set()
+
+
+def test_drain_waits_for_every_item_queued_so_far():
+    gate, written = threading.Event(), []
+    writer = WriteBehind(lambda item: gate.wait(10) and written.append(item), "drain-test", backlog=8)
+    try:
+        for item in range(3):
+            assert writer.submit(item)
+        assert not writer.drain(0.05), "the first write waits for the gate"
+        gate.set()
+        assert writer.drain(10) and written == [0, 1, 2]
+    finally:
+        writer.close()
