@@ -164,7 +164,7 @@ class Engine:
             if self._answered(request, found):  # an exact hit is answered here, without waiting
                 return
             if offload:  # the semantic lookup off the execute thread (warmup's own requests: inline)
-                self.lookups.run(lambda: self._look_up_semantic_then_queue(request))
+                self.lookups.run(lambda: self._look_up_semantic_then_queue(request), request.priority)
                 return
         self._queue_request(request)
 

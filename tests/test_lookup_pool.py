@@ -148,3 +148,27 @@ def test_cache_hits_answered_on_two_threads_are_all_counted(model):  # noqa: F81
     finally:
         sys.setswitchinterval(switch)
     assert engine.stats.finished["cached"] == 2 * n
+
+
+def test_waiting_lookups_are_taken_most_urgent_first():
+    pool = LookupPool(workers=1)
+    gate, order = threading.Event(), []
+    pool.run(lambda: gate.wait(10))  # the one worker is busy
+    for name, priority in (("standard", 3), ("batch", 4), ("critical", 1), ("standard-2", 3)):
+        pool.run(lambda name=name: order.append(name), priority)
+    assert pool.pending == 5
+    gate.set()
+    pool.shutdown()
+    assert order == ["critical", "standard", "standard-2", "batch"] and pool.pending == 0
+
+
+def test_a_task_that_raises_does_not_stop_the_pool():
+    pool = LookupPool(workers=1)
+    done = threading.Event()
+    pool.run(lambda: 1 / 0)
+    pool.run(done.set)
+    assert done.wait(10) and pool.failed == 1
+    pool.shutdown()
+    ran_on = []
+    pool.run(lambda: ran_on.append(threading.current_thread().name))  # shut down: runs here
+    assert ran_on == [threading.current_thread().name] and pool.inline == 1
