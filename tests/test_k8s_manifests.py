@@ -157,3 +157,27 @@ def test_servers_and_the_warmup_job_read_one_tenant_secret(server) -> None:
     ]
     refs = [{e["name"]: e.get("valueFrom") for e in pod["env"]}[SECRET_ENV] for pod in pods]
     assert refs[0] == refs[1] and refs[0]["secretKeyRef"]["name"]
+
+
+def test_every_llm_setting_the_servers_get_is_one_the_repository_reads() -> None:
+    """A misspelt variable in compose or the k8s Deployment would be ignored without a word: each LLM_*
+    they set must be read by a model's config.pbtxt (`${LLM_...}`) or by the tenant check."""
+    from scheduler.tenant_auth import PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV, SECRET_ENV
+
+    configs = "".join(p.read_text() for p in (REPO_ROOT / "model_repository").glob("*/config.pbtxt"))
+    read = set(re.findall(r"\$\{(LLM_[A-Z0-9_]+)", configs)) | {
+        SECRET_ENV,
+        PREVIOUS_SECRET_ENV,
+        REQUIRE_EXPIRY_ENV,
+    }
+    docker = REPO_ROOT / "docker"
+    compose = yaml.safe_load((docker / "compose.yaml").read_text())["services"]["triton"]["environment"]
+    (deployment,) = [
+        d for d in yaml.safe_load_all((docker / "k8s" / "server.yaml").read_text())
+        if d and d["kind"] in ("Deployment", "StatefulSet")
+    ]  # fmt: skip
+    k8s = {e["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+    for where, names in (("compose", set(compose)), ("k8s", k8s)):
+        unread = {name for name in names if name.startswith("LLM_")} - read
+        assert not unread, f"{where} sets {sorted(unread)}, which nothing reads"
+    assert "LLM_L3_TENANT_MAX_BLOCKS" in set(compose) & k8s
