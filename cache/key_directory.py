@@ -58,9 +58,8 @@ end
 if #kept > 0 then redis.pcall('PUBLISH', ARGV[2], table.concat(kept, ARGV[3])) end
 return deleted
 """
-CHAIN_SCORE_STEP = (
-    1e-5  # seconds: a chain's later blocks score this much lower each, so trims take tails first
-)
+# seconds: a chain's later blocks score this much lower each, so trims take tails first
+CHAIN_SCORE_STEP = 1e-5
 
 
 @dataclass(frozen=True)

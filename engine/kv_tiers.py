@@ -209,11 +209,7 @@ class L3Tier:
             # the keys up to the last one due, not only those due: a renewed tail must not outrank its head
             due_at = [i for i, key in enumerate(keys) if self._renewed.get(key, due_before) <= due_before]
             due = keys[: due_at[-1] + 1] if due_at else []
-            for key in due:
-                self._renewed[key] = now
-                self._renewed.move_to_end(key)
-            while len(self._renewed) > self.known_limit:
-                self._renewed.popitem(last=False)
+            self._stamp(self._renewed, due, now)
         if due:
             self._writes.submit(_Renewal(due, tenant))
 
@@ -250,11 +246,15 @@ class L3Tier:
     def _remember(self, keys: list[bytes]) -> None:
         now = self.clock()
         with self._lock:
-            for key in keys:
-                self._known[key] = now
-                self._known.move_to_end(key)
-            while len(self._known) > self.known_limit:
-                self._known.popitem(last=False)
+            self._stamp(self._known, keys, now)
+
+    def _stamp(self, table: OrderedDict[bytes, float], keys: list[bytes], now: float) -> None:
+        """`keys` stamped `now`, most recent last; past `known_limit` the oldest stamps go (under _lock)."""
+        for key in keys:
+            table[key] = now
+            table.move_to_end(key)
+        while len(table) > self.known_limit:
+            table.popitem(last=False)
 
     def close(self) -> None:
         self._probes.shutdown(wait=False, cancel_futures=True)
