@@ -55,6 +55,7 @@ bench-cache: setup model
 	$(ENV) $(PY) -m bench.replica_prefill
 	$(ENV) $(PY) -m bench.store_cost
 	$(ENV) $(PY) -m bench.tenant_quota
+	$(ENV) $(PY) -m bench.tenant_quota --cache exact
 	$(ENV) HF_HUB_OFFLINE=1 $(PY) -m bench.lookup_offload
 
 bench-scheduler: setup model

@@ -20,6 +20,10 @@ skips Redis for a while after consecutive failures, so a dead Redis costs a requ
 
 Every SET is announced on the namespace's channel (cache/key_directory.py); with a `KeyDirectory`, a
 key no replica has written is a miss without a round trip, so uncached requests pay no GET.
+
+A tenant quota (`tenant_max_entries`, off by default) keeps each tenant's answers in a sorted set of its
+own, trimmed in the write's round trip: past the quota the tenant's least recently used answers go, so
+a bounded Redis (`volatile-lru`) is not emptied of every other tenant's answers by one tenant's.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
-from cache.key_directory import KeyDirectory, write_announced
+from cache.key_directory import KeyDirectory, queue_renewal, write_announced
 from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 1
@@ -58,6 +62,8 @@ class ExactCacheStats:
     corrupt: int = 0  # values that failed version/checksum validation (deleted)
     uncacheable: int = 0  # get/put calls for non-deterministic requests
     stores: int = 0
+    quota_evictions: int = 0  # answers the tenant quota deleted (the tenant's least recently used)
+    renewals: int = 0  # hits told to Redis, so that the quota trims by last use (only with a quota)
 
 
 def is_deterministic(params: EngineRequestParams) -> bool:
@@ -242,13 +248,17 @@ class ExactResponseCache(RedisCacheBase):
         max_text_bytes: int = 1 << 20,
         breaker: CircuitBreaker | None = None,
         directory: KeyDirectory | None = None,
+        tenant_max_entries: int = 0,
     ):
+        if tenant_max_entries < 0:
+            raise ValueError(f"tenant_max_entries must be >= 0 (0: no quota), got {tenant_max_entries}")
         super().__init__(redis_url, timeout_s, breaker, ExactCacheStats())
         self.directory = directory
         self.fingerprint = fingerprint
         self.namespace = exact_namespace(fingerprint)
         self.ttl_s = redis_ttl(ttl_s)
         self.max_text_bytes = max_text_bytes
+        self.tenant_max_entries = int(tenant_max_entries)
 
     # -- keys and values -------------------------------------------------------------------------
 
@@ -257,6 +267,12 @@ class ExactResponseCache(RedisCacheBase):
 
     def key(self, prompt_ids: Sequence[int], params: EngineRequestParams) -> str:
         return exact_key(self.fingerprint, prompt_ids, params)
+
+    def tenant_index(self, tenant: str) -> str:
+        """The sorted set of the tenant's answers that the quota trims: outside the namespace (no key
+        directory lists it), and named like the tenant's answers (`<prefix>:*:<tag>:*`), so that
+        `forget-tenant` deletes it with them."""
+        return f"{KEY_PREFIX}:index:{self.fingerprint}:{tenant_tag(tenant)}:entries"
 
     def claimed(self, params: EngineRequestParams) -> str | None:
         """The key the scheduler step hashed for this request, if it is one of this model's (same
@@ -349,15 +365,44 @@ class ExactResponseCache(RedisCacheBase):
         value = self.encode_value(key, value_text)
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
             return False
+        index = self.tenant_index(params.tenant) if self.tenant_max_entries else None
         try:
-            write_announced(self.client, self.namespace, [(key, value)], self.ttl_s)
+            written = write_announced(
+                self.client, self.namespace, [(key, value)], self.ttl_s, index, self.tenant_max_entries
+            )
         except self._redis_errors as exc:
             self._write_failed(exc)
             return False
         self.breaker.record_success()
+        for name in written.evicted:
+            self._forget(name)
+        self._count("quota_evictions", len(written.evicted))
+        if written.trim_error is not None:  # the SET took; the next write trims
+            self._count("errors")
+        if key in written.evicted:  # a quota of 1 and an answer renewed a moment later (a clock ahead)
+            return False
         if self.directory is not None:
             self.directory.add([key])
         self._count("stores")
+        return True
+
+    def renew(self, keys: Sequence[str], tenant: str) -> bool:
+        """With a tenant quota: mark the tenant's answers `keys` (hits) as just used, with a fresh TTL, so
+        the quota trims answers used longer ago first (LRU by use, not by write); one round trip. False
+        without a quota, with no keys, or when Redis is unavailable."""
+        if not self.tenant_max_entries or not keys or not self._may_write():
+            return False
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            queue_renewal(pipe, self.tenant_index(tenant), list(keys), self.ttl_s)
+            (reply,) = pipe.execute(raise_on_error=False)
+            if isinstance(reply, Exception):
+                raise reply
+        except self._redis_errors as exc:
+            self._write_failed(exc)
+            return False
+        self.breaker.record_success()
+        self._count("renewals")
         return True
 
     # -- internals -------------------------------------------------------------------------------

@@ -50,9 +50,9 @@ class TierRow:
         return None if not self.capacity or self.held is None else self.held / self.capacity
 
 
-# L3 has no evictions of its own (Redis evicts at maxmemory: `python -m client cache --redis-url`); what
-# the engine deletes there is a tenant quota's trim
-EVICTION_COUNTER = {"l3": "quota_evictions"}
+# L3 and the exact cache have no evictions of their own (Redis evicts at maxmemory: `python -m client
+# cache --redis-url`); what the engine deletes there is a tenant quota's trim
+EVICTION_COUNTER = {"l3": "quota_evictions", "exact": "quota_evictions"}
 
 
 def hits(tier: str, counter) -> float:

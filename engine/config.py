@@ -92,6 +92,7 @@ class EngineConfig:
     l3_prefetch: bool = True  # fetch the hot prefixes' L3 blocks on a thread during kernel warmup
     response_cache: bool = True
     response_cache_first_use: bool = False  # write every answer (default: on its prompt's second sighting)
+    exact_tenant_max_entries: int = 0  # the most exact answers one tenant keeps in Redis (0: no quota)
     semantic_cache: bool = False
     semantic_threshold: float = 0.84
     semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json
@@ -157,6 +158,10 @@ class EngineConfig:
         if self.semantic_lookup_threads < 0:
             raise ValueError(
                 f"semantic_lookup_threads must be >= 0 (0: inline), got {self.semantic_lookup_threads}"
+            )
+        if self.exact_tenant_max_entries < 0:
+            raise ValueError(
+                f"exact_tenant_max_entries must be >= 0 (0: no quota), got {self.exact_tenant_max_entries}"
             )
         if self.l3_tenant_max_blocks < 0:
             raise ValueError(

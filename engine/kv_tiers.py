@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch
 from cache.cost_model import LoadCostModel
 from cache.kv_format import KVBlockMeta
 from cache.redis_kv_store import ChainWrite, leading_run
+from cache.stamps import Stamps
 from engine.write_behind import WriteBehind
 
 if TYPE_CHECKING:  # redis-py is imported only where the store is built (engine/loader.py)
@@ -68,9 +68,9 @@ class L3Tier:
         self.ttl_s = ttl_s
         self.known_limit = known_limit
         self.clock = clock
-        self._known: OrderedDict[bytes, float] = OrderedDict()  # key -> when Redis was seen holding it
+        self._known: Stamps[bytes] = Stamps(known_limit)  # key -> when Redis was seen holding it
         self.renew_every_s = renew_every_s
-        self._renewed: OrderedDict[bytes, float] = OrderedDict()  # key -> when its renewal was queued
+        self._renewed: Stamps[bytes] = Stamps(known_limit)  # key -> when its renewal was queued
         self.republish_skipped = 0
         self.meta = meta
         self.cost = cost or LoadCostModel()
@@ -157,7 +157,7 @@ class L3Tier:
         blocks = self.store.get_chain(keys[:available], self.meta)
         with self._lock:
             for key in keys[len(blocks) : available]:  # rejected (corrupt, incompatible) and deleted
-                self._known.pop(key, None)
+                self._known.pop(key)
             self.loaded_blocks += len(blocks)
         if blocks:
             self.cost.observe_load(len(blocks) * self.block_bytes, time.perf_counter() - started)
@@ -209,7 +209,7 @@ class L3Tier:
             # the keys up to the last one due, not only those due: a renewed tail must not outrank its head
             due_at = [i for i, key in enumerate(keys) if self._renewed.get(key, due_before) <= due_before]
             due = keys[: due_at[-1] + 1] if due_at else []
-            self._stamp(self._renewed, due, now)
+            self._renewed.stamp(due, now)
         if due:
             self._writes.submit(_Renewal(due, tenant))
 
@@ -241,20 +241,12 @@ class L3Tier:
     def _forget(self, keys: list[bytes]) -> None:
         with self._lock:
             for key in keys:
-                self._known.pop(key, None)
+                self._known.pop(key)
 
     def _remember(self, keys: list[bytes]) -> None:
         now = self.clock()
         with self._lock:
-            self._stamp(self._known, keys, now)
-
-    def _stamp(self, table: OrderedDict[bytes, float], keys: list[bytes], now: float) -> None:
-        """`keys` stamped `now`, most recent last; past `known_limit` the oldest stamps go (under _lock)."""
-        for key in keys:
-            table[key] = now
-            table.move_to_end(key)
-        while len(table) > self.known_limit:
-            table.popitem(last=False)
+            self._known.stamp(keys, now)
 
     def close(self) -> None:
         self._probes.shutdown(wait=False, cancel_futures=True)

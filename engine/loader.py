@@ -196,7 +196,10 @@ def build_response_tier(
         return None
     try:
         cache = ExactResponseCache(
-            config.redis_url, fingerprint, directory=key_directory(config, exact_namespace(fingerprint), log)
+            config.redis_url,
+            fingerprint,
+            directory=key_directory(config, exact_namespace(fingerprint), log),
+            tenant_max_entries=config.exact_tenant_max_entries,
         )
     except ImportError as exc:
         log(f"response cache off: {exc}")

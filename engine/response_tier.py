@@ -22,6 +22,9 @@ put any key in its request, and must not read or overwrite another prompt's or t
 
 The admission is decided on the caller's (engine) thread when the request's lookup has its key: a
 first sighting, most answers at a low hit rate, then costs a dict update and never wakes the writer.
+
+With a tenant quota on the exact cache, a hit is told to Redis (its score and TTL renewed, on the
+writer, at most once per `renew_every_s` per answer and replica), so the quota trims by last use.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 
 from cache.response_cache import ExactResponseCache
 from cache.sightings import Sightings
+from cache.stamps import Stamps
 from cache.semantic_cache import SemanticResponseCache
 from engine.write_behind import WriteBehind
 from scheduler.messages import EngineRequestParams
@@ -73,6 +77,14 @@ class _Answer:
     paraphrases: bool = True  # whether the semantic cache may keep it for other prompts
 
 
+@dataclass(frozen=True)
+class _Renewal:
+    """An exact hit on its way to the writer, which tells the tenant quota it was used."""
+
+    key: str
+    tenant: str
+
+
 class ResponseTier:
     def __init__(
         self,
@@ -85,6 +97,8 @@ class ResponseTier:
         first_use: bool = True,
         sightings: int = 65536,
         log: Callable[[str], None] = lambda message: None,
+        renew_every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.cache = cache
         self._log = log
@@ -103,7 +117,12 @@ class ResponseTier:
         self.prompt_text = prompt_text or (
             lambda ids: (token_bytes(ids, 0).decode("utf-8", errors="replace"), "")
         )
-        self._writes: WriteBehind[_Answer] = WriteBehind(self._write, "response-cache-writer", backlog)
+        self.renew_every_s = renew_every_s
+        self._clock = clock
+        self._renewed: Stamps[str] = Stamps(sightings)  # exact key -> when its renewal was queued
+        self._writes: WriteBehind[_Answer | _Renewal] = WriteBehind(
+            self._write, "response-cache-writer", backlog
+        )
 
     @property
     def writes_dropped(self) -> int:
@@ -139,6 +158,8 @@ class ResponseTier:
         if text is None and semantic:
             self._spent(began)
             return self.lookup_semantic(prompt_ids, params, key)
+        if text is not None:
+            self._renew(key.value, params.tenant)
         found = ResponseLookup(None if text is None else self.encode(text), key)
         self._spent(began)
         return found
@@ -221,6 +242,16 @@ class ResponseTier:
             self.first_sightings += 1
             return False
 
+    def _renew(self, key: str, tenant: str) -> None:
+        """Queue the hit's renewal when a quota reads it and none was queued within `renew_every_s`;
+        dropped when the writer is behind."""
+        if not self.cache.tenant_max_entries:
+            return
+        with self._lock:
+            due = self._renewed.due([key], self._clock(), self.renew_every_s)
+        if due:
+            self._writes.submit(_Renewal(key, tenant))
+
     def drain_writes(self, timeout_s: float = 10.0) -> bool:
         """Wait until every answer handed to the writer so far is written; False on timeout."""
         return self._writes.drain(timeout_s)
@@ -231,9 +262,12 @@ class ResponseTier:
         if self.semantic is not None:
             self.semantic.close()
 
-    def _write(self, item: _Answer) -> None:
+    def _write(self, item: _Answer | _Renewal) -> None:
         """On the writer thread; a key its lookup did not hash is hashed here (and admitted), off the engine
         thread."""
+        if isinstance(item, _Renewal):
+            self.cache.renew([item.key], item.tenant)
+            return
         key = item.key or ResponseKey(self.cache.key(item.prompt_ids, item.params), checked=True)
         matched = True
         if not key.checked:

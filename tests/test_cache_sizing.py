@@ -127,6 +127,10 @@ def test_the_config_rejects_a_malformed_size_and_negative_counts(tmp_path):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_tenant_max_blocks": "-1"})
     quota = EngineConfig.from_parameters({"model_dir": str(tmp_path), "l3_tenant_max_blocks": "5000"})
     assert quota.l3_tenant_max_blocks == 5000
+    with pytest.raises(ValueError, match="exact_tenant_max_entries must be >= 0"):
+        EngineConfig.from_parameters({"model_dir": str(tmp_path), "exact_tenant_max_entries": "-1"})
+    exact = EngineConfig.from_parameters({"model_dir": str(tmp_path), "exact_tenant_max_entries": "300"})
+    assert exact.exact_tenant_max_entries == 300
     with pytest.raises(ValueError, match="semantic_lookup_threads must be >= 0"):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "semantic_lookup_threads": "-1"})
 

@@ -180,4 +180,4 @@ def test_every_llm_setting_the_servers_get_is_one_the_repository_reads() -> None
     for where, names in (("compose", set(compose)), ("k8s", k8s)):
         unread = {name for name in names if name.startswith("LLM_")} - read
         assert not unread, f"{where} sets {sorted(unread)}, which nothing reads"
-    assert "LLM_L3_TENANT_MAX_BLOCKS" in set(compose) & k8s
+    assert {"LLM_L3_TENANT_MAX_BLOCKS", "LLM_EXACT_TENANT_MAX_ENTRIES"} <= set(compose) & k8s

@@ -203,3 +203,79 @@ def test_key_packs_the_ids_as_little_endian_int64_after_the_json_of_the_rest(red
     assert cache.key([1, 2, 70000], params).endswith(":" + digest.hexdigest())
     assert cache.key(np.array([1, 2, 70000]), params) == cache.key([1, 2, 70000], params)
     assert cache.key([1, 2], params) != cache.key([1, 2, 0], params)
+
+
+def _quota_cache(redis_server, limit: int) -> ExactResponseCache:
+    return ExactResponseCache(
+        redis_server, fingerprint=f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5, tenant_max_entries=limit
+    )
+
+
+def test_a_tenant_past_its_quota_pushes_out_its_own_oldest_answers_not_another_tenants(redis_server):
+    cache = _quota_cache(redis_server, 3)
+    raw = redis.Redis.from_url(redis_server)
+    quiet, flood = (
+        EngineRequestParams(max_tokens=8, tenant="quiet"),
+        EngineRequestParams(max_tokens=8, tenant="flood"),
+    )
+    try:
+        assert cache.put(PROMPT, quiet, "quiet answer")
+        for n in range(10):
+            assert cache.put([n, 1, 2], flood, f"flood {n}")
+        assert cache.get(PROMPT, quiet) == "quiet answer", "another tenant's writes never trim this one's"
+        held = [cache.get([n, 1, 2], flood) for n in range(10)]
+        assert held == [None] * 7 + ["flood 7", "flood 8", "flood 9"], "the flood keeps its newest three"
+        assert raw.zcard(cache.tenant_index("flood")) == 3 and raw.zcard(cache.tenant_index("quiet")) == 1
+        assert cache.snapshot()["quota_evictions"] == 7 and cache.snapshot()["stores"] == 11
+    finally:
+        cache.close()
+
+
+def test_a_renewed_answer_is_trimmed_after_answers_used_longer_ago(redis_server):
+    cache = _quota_cache(redis_server, 3)
+    params = EngineRequestParams(max_tokens=8, tenant="t")
+    try:
+        for n in range(3):
+            assert cache.put([n], params, f"answer {n}")
+        assert cache.renew([cache.key([0], params)], "t"), "the oldest answer was used just now"
+        assert cache.put([3], params, "answer 3")
+        assert [cache.get([n], params) for n in range(4)] == ["answer 0", None, "answer 2", "answer 3"]
+        assert cache.snapshot()["renewals"] == 1
+    finally:
+        cache.close()
+
+
+def test_no_quota_by_default_writes_no_index_and_renews_nothing(redis_server, cache):
+    raw = redis.Redis.from_url(redis_server)
+    params = EngineRequestParams(max_tokens=8, tenant="t")
+    assert cache.put(PROMPT, params, "x") and raw.exists(cache.tenant_index("t")) == 0
+    assert not cache.renew([cache.key(PROMPT, params)], "t")
+    assert cache.snapshot()["renewals"] == 0
+    with pytest.raises(ValueError, match="tenant_max_entries must be >= 0"):
+        ExactResponseCache(redis_server, fingerprint="fp", tenant_max_entries=-1)
+
+
+def test_a_renewal_leaves_names_the_index_does_not_list_alone(redis_server):
+    """An answer of another tenant (or one written before the quota) must not get a TTL its index does
+    not have: `forget-tenant` finds a tenant's answers by name, but the quota trims by the index."""
+    cache = _quota_cache(redis_server, 3)
+    raw = redis.Redis.from_url(redis_server)
+    b = EngineRequestParams(max_tokens=8, tenant="b")
+    try:
+        assert cache.put(PROMPT, b, "b's")
+        raw.expire(cache.key(PROMPT, b), 100)
+        assert cache.renew([cache.key(PROMPT, b)], "a")
+        assert raw.ttl(cache.key(PROMPT, b)) <= 100 and raw.zcard(cache.tenant_index("a")) == 0
+    finally:
+        cache.close()
+
+
+def test_a_renewal_against_a_dead_redis_is_a_counted_error_not_an_exception():
+    cache = ExactResponseCache(
+        f"redis://127.0.0.1:{find_free_port()}/0", fingerprint="fp", timeout_s=0.05, tenant_max_entries=5
+    )
+    try:
+        assert not cache.renew(["k"], "t")
+        assert cache.snapshot()["errors"] == 1 and cache.snapshot()["renewals"] == 0
+    finally:
+        cache.close()

@@ -11,6 +11,7 @@ from dataclasses import replace
 from cache.response_cache import ExactResponseCache, exact_key
 from engine.cache_stats import cache_counters
 from engine.response_tier import ResponseKey, ResponseTier
+from tests.test_redis_kv_store import FakeClock
 from scheduler.messages import EngineRequestParams
 
 GREEDY = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="tier-test")
@@ -290,3 +291,57 @@ def test_an_exact_hits_encode_counts_in_the_request_path_time(redis_server):
         assert responses.request_seconds >= 0.05
     finally:
         responses.close()
+
+
+def test_with_an_exact_quota_a_hit_is_renewed_once_a_period(redis_server):
+    clock = FakeClock()
+    exact = ExactResponseCache(
+        redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5, tenant_max_entries=8
+    )
+    responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], letters, clock=clock)
+    try:
+        assert exact.put([3, 1, 4], GREEDY, "abc")
+        for _ in range(3):  # three hits within a minute: one renewal
+            assert responses.lookup([3, 1, 4], GREEDY).tokens == [0, 1, 2]
+        assert responses.drain_writes() and exact.snapshot()["renewals"] == 1
+        clock.now += 61
+        assert responses.lookup([3, 1, 4], GREEDY).tokens == [0, 1, 2]
+        assert responses.drain_writes() and exact.snapshot()["renewals"] == 2
+        assert responses.lookup([9, 9], GREEDY).tokens is None  # a miss renews nothing
+        assert responses.drain_writes() and exact.snapshot()["renewals"] == 2
+    finally:
+        responses.close()
+
+
+def test_without_an_exact_quota_a_hit_sends_no_renewal(redis_server):
+    exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], letters)
+    try:
+        assert exact.put([3, 1, 4], GREEDY, "abc")
+        assert responses.lookup([3, 1, 4], GREEDY).tokens == [0, 1, 2]
+        assert responses.drain_writes() and exact.snapshot()["renewals"] == 0
+    finally:
+        responses.close()
+
+
+def test_the_engine_configs_exact_quota_reaches_the_cache(redis_server):
+    from engine.config import EngineConfig
+    from engine.detokenize import TokenDecoder
+    from engine.loader import build_response_tier
+    from tests.conftest import MODEL_DIR
+
+    decoder = TokenDecoder.from_model_dir(MODEL_DIR)
+    config = EngineConfig(
+        redis_url=redis_server,
+        response_cache_first_use=True,
+        redis_key_directory=False,
+        exact_tenant_max_entries=2,
+    )
+    responses = build_response_tier(config, f"fp-{uuid.uuid4().hex[:8]}", MODEL_DIR, decoder, print)
+    prompts = [[5, 6, n] for n in range(3)]
+    for prompt in prompts:
+        responses.remember(prompt, GREEDY, [7, 8], 0, responses.lookup(prompt, GREEDY).key)
+    assert responses.drain_writes()
+    assert [responses.lookup(p, GREEDY).tokens is not None for p in prompts] == [False, True, True]
+    assert responses.cache.snapshot()["quota_evictions"] == 1
+    responses.close()

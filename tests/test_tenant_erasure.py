@@ -179,3 +179,19 @@ def test_entries_of_the_earlier_key_formats_are_erased_too(redis_server):
     assert erase_tenant(client, tenant).keys == {"exact": 1, "semantic": 4, "l3": 0}
     assert not client.exists(*mine) and client.exists(*theirs) == len(theirs)
     client.close()
+
+
+def test_an_exact_quotas_index_goes_with_the_tenants_answers(redis_server):
+    run = uuid.uuid4().hex[:8]
+    a, b = f"a-{run}", f"b-{run}"
+    cache = ExactResponseCache(redis_server, f"fp-{run}", tenant_max_entries=5)
+    client = redis.Redis.from_url(redis_server)
+    try:
+        for tenant in (a, b):
+            assert cache.put([1, 2, 3], params(tenant), f"{tenant}'s answer")
+        assert erase_tenant(client, a).keys["exact"] == 2  # the answer and the quota's index
+        assert not client.exists(cache.tenant_index(a)) and client.zcard(cache.tenant_index(b)) == 1
+        assert cache.get([1, 2, 3], params(b)) == f"{b}'s answer"
+    finally:
+        cache.close()
+        client.close()
