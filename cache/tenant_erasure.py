@@ -1,7 +1,8 @@
 """Delete what Redis holds for one tenant (an erasure request, or answers that must not be served again after
 a policy change): its exact and semantic answers and its KV snapshots, for every model.
 
-Exact and semantic entries carry the tenant's tag in their key names, so they are found by pattern. A KV
+Exact and semantic entries carry the tenant's tag in their key names, so they are found by pattern
+(so is an exact quota's index of the tenant's answers, named like them). A KV
 block's name is a hash chain salted with the tenant, which says nothing about whose it is, so the engine
 notes every block it writes in a per-tenant index (`RedisKVStore.tenant_index`: a sorted set scored by
 expiry; indexes written as plain sets before are read too); the blocks listed there are deleted with it.
