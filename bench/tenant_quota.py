@@ -12,7 +12,7 @@ and `acme` reads its entries back, as its traffic would. Reported: `acme`'s entr
 what each tenant holds at the end, Redis's own evictions, the quota's deletions, and the median time of
 one write (the quota adds a script to that round trip).
 
-    python -m bench.tenant_quota [--cache kv] [--maxmemory 48mb] [--rounds 12] [--flood-per-round 1000]
+    python -m bench.tenant_quota [--cache kv] [--maxmemory 48mb] [--rounds 12] [--flood-per-round 125]
     python -m bench.tenant_quota --cache exact [--maxmemory 8mb] [--flood-per-round 6000]
 Writes bench/results/tenant-quota-<tag>.{json,md,png} (`tenant-quota-exact-<tag>` for exact answers).
 """

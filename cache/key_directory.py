@@ -37,11 +37,12 @@ def announce_channel(namespace: str) -> str:
 
 
 # Keep an index to its newest `limit` names: pop the lowest scores (the earliest to expire: the oldest
-# written, and in one chain its tail) and delete them; then announce the names written that were kept
-# (ARGV[4:]), so that no key directory lists a name this script deleted. Returns the names deleted.
-# Sent with EVAL: one round trip (EVALSHA from a pipeline makes redis-py ask SCRIPT EXISTS first).
+# written, and in one chain its tail) and delete them, at most ARGV[2] of them; then announce the names
+# written that were kept (ARGV[5:]), so that no key directory lists a name this script deleted. Returns
+# the names deleted. Sent with EVAL: one round trip (EVALSHA from a pipeline makes redis-py ask SCRIPT
+# EXISTS first).
 _TRIM_AND_ANNOUNCE = """
-local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+local excess = math.min(redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1]), tonumber(ARGV[2]))
 local deleted, gone = {}, {}
 if excess > 0 then
   local popped = redis.call('ZPOPMIN', KEYS[1], excess)
@@ -52,14 +53,19 @@ if excess > 0 then
   end
 end
 local kept = {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   if not gone[ARGV[i]] then kept[#kept + 1] = ARGV[i] end
 end
-if #kept > 0 then redis.pcall('PUBLISH', ARGV[2], table.concat(kept, ARGV[3])) end
+if #kept > 0 then redis.pcall('PUBLISH', ARGV[3], table.concat(kept, ARGV[4])) end
 return deleted
 """
 # seconds: a chain's later blocks score this much lower each, so trims take tails first
 CHAIN_SCORE_STEP = 1e-5
+# names one write's trim deletes at most, on top of what it wrote: a quota lowered under what a tenant
+# holds (a config change, one replica configured lower in a rolling update) is reached over the next
+# writes, instead of one script deleting the whole excess while Redis serves nobody else, past the
+# writer's socket timeout (100,000 answers over a quota of 1,000: 256 ms)
+MAX_TRIM_PER_WRITE = 256
 
 
 @dataclass(frozen=True)
@@ -85,9 +91,10 @@ def write_announced(
     not say whose they are; names expired by then (less `INDEX_CLOCK_MARGIN_S`, for replicas' clocks) are
     pruned in the same round trip, so an index stays as large as what its owner holds in Redis.
     `index_limit` (> 0): a quota; past it the index's lowest-scored names are deleted, in that round trip
-    too, so one owner's writes push out its own values, never another owner's. `head`: with a quota, the
-    names the written ones continue (a chain's earlier blocks, written before): those the index lists get
-    their score and TTL renewed above the new names', so a head that newer chains keep extending is
+    too, so one owner's writes push out its own values, never another owner's (at most
+    `MAX_TRIM_PER_WRITE` more than it wrote: a larger excess goes over the next writes). `head`: with a
+    quota, the names the written ones continue (a chain's earlier blocks, written before): those the index
+    lists get their score and TTL renewed above the new names', so a head that newer chains keep extending is
     trimmed after them, not first (a lookup stops at the first missing block: a tail without its head is
     never read)."""
     pipe = client.pipeline(transaction=False)
@@ -107,7 +114,8 @@ def write_announced(
         pipe.expire(index, ttl_s)
         if trims:
             channel = announce_channel(namespace)
-            pipe.eval(_TRIM_AND_ANNOUNCE, 1, index, index_limit, channel, ANNOUNCE_SEPARATOR, *names)
+            cap = MAX_TRIM_PER_WRITE + len(names)
+            pipe.eval(_TRIM_AND_ANNOUNCE, 1, index, index_limit, cap, channel, ANNOUNCE_SEPARATOR, *names)
     replies = pipe.execute(raise_on_error=False)
     for reply in replies[: len(values)]:
         if isinstance(reply, Exception):

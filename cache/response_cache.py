@@ -44,6 +44,7 @@ from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 1
 KEY_PREFIX = "llm:resp:exact:v2"  # v2: ids packed, not in the JSON; v1 entries are never read, expire by TTL
+INDEX_PREFIX = "llm:resp:exact-index:v2"  # a tenant quota's index: under no model's namespace, any fp
 
 
 def exact_namespace(fingerprint: str) -> str:
@@ -269,10 +270,9 @@ class ExactResponseCache(RedisCacheBase):
         return exact_key(self.fingerprint, prompt_ids, params)
 
     def tenant_index(self, tenant: str) -> str:
-        """The sorted set of the tenant's answers that the quota trims: outside the namespace (no key
-        directory lists it), and named like the tenant's answers (`<prefix>:*:<tag>:*`), so that
-        `forget-tenant` deletes it with them."""
-        return f"{KEY_PREFIX}:index:{self.fingerprint}:{tenant_tag(tenant)}:entries"
+        """The sorted set of the tenant's answers that the quota trims: outside every model's namespace
+        (no key directory lists it, no lookup's key can name it), found by `forget-tenant` by its tag."""
+        return f"{INDEX_PREFIX}:{self.fingerprint}:{tenant_tag(tenant)}"
 
     def claimed(self, params: EngineRequestParams) -> str | None:
         """The key the scheduler step hashed for this request, if it is one of this model's (same

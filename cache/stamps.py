@@ -17,8 +17,8 @@ K = TypeVar("K", bound=Hashable)
 
 class Stamps(Generic[K]):
     def __init__(self, limit: int):
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0 (0: remember nothing), got {limit}")
         self.limit = limit
         self._when: OrderedDict[K, float] = OrderedDict()
 

@@ -2,7 +2,7 @@
 a policy change): its exact and semantic answers and its KV snapshots, for every model.
 
 Exact and semantic entries carry the tenant's tag in their key names, so they are found by pattern
-(so is an exact quota's index of the tenant's answers, named like them). A KV
+(so is an exact quota's index of the tenant's answers). A KV
 block's name is a hash chain salted with the tenant, which says nothing about whose it is, so the engine
 notes every block it writes in a per-tenant index (`RedisKVStore.tenant_index`: a sorted set scored by
 expiry; indexes written as plain sets before are read too); the blocks listed there are deleted with it.
@@ -25,6 +25,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from cache.response_cache import INDEX_PREFIX as EXACT_INDEX_PREFIX
 from cache.response_cache import KEY_PREFIX as EXACT_PREFIX
 from cache.redis_kv_store import LEGACY_TENANT_INDEX_PREFIX, TENANT_INDEX_PREFIX
 from cache.response_cache import tenant_tag
@@ -46,10 +47,11 @@ def tenant_patterns(tenant: str) -> dict[str, tuple[str, ...]]:
     """SCAN patterns of the tenant's entries per cache, for every model fingerprint and key format."""
     tag = tenant_tag(tenant)
     current = {
-        "exact": f"{EXACT_PREFIX}:*:{tag}:*",
-        "semantic": f"{SEMANTIC_PREFIX}:{{*:{tag}}}:*",  # the braces are the keys' hash tag, literal here
+        # the answers, and a quota's index of them
+        "exact": (f"{EXACT_PREFIX}:*:{tag}:*", f"{EXACT_INDEX_PREFIX}:*:{tag}"),
+        "semantic": (f"{SEMANTIC_PREFIX}:{{*:{tag}}}:*",),  # the braces are the keys' hash tag, literal here
     }
-    return {cache: (pattern, LEGACY_PATTERNS[cache].format(tag=tag)) for cache, pattern in current.items()}
+    return {cache: (*found, LEGACY_PATTERNS[cache].format(tag=tag)) for cache, found in current.items()}
 
 
 @dataclass(frozen=True)

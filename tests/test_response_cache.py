@@ -11,9 +11,18 @@ import pytest
 import redis
 
 from cache.circuit_breaker import BreakerState, CircuitBreaker
-from cache.response_cache import ExactResponseCache, canonical_json, is_deterministic, sampling_signature
+from cache.key_directory import MAX_TRIM_PER_WRITE, KeyDirectory
+from cache.response_cache import (
+    ExactResponseCache,
+    canonical_json,
+    exact_namespace,
+    is_deterministic,
+    sampling_signature,
+)
 from deploy.launch import find_free_port
+from engine.response_tier import ResponseTier
 from scheduler.messages import EngineRequestParams
+from tests.conftest import wait_for
 from tests.test_redis_kv_store import FakeClock
 
 PROMPT = [1, 15, 27, 99, 3]
@@ -279,3 +288,50 @@ def test_a_renewal_against_a_dead_redis_is_a_counted_error_not_an_exception():
         assert cache.snapshot()["errors"] == 1 and cache.snapshot()["renewals"] == 0
     finally:
         cache.close()
+
+
+def test_a_quota_lowered_under_what_a_tenant_holds_is_reached_over_several_writes(redis_server):
+    """Deleting the whole excess in one script held Redis for 256 ms at 100,000 answers over a quota of
+    1,000, past every client's timeout: a write deletes at most MAX_TRIM_PER_WRITE more than it wrote."""
+    fingerprint = f"fp-{uuid.uuid4().hex[:8]}"
+    params = EngineRequestParams(max_tokens=8, tenant="t")
+    raw = redis.Redis.from_url(redis_server)
+    before = ExactResponseCache(redis_server, fingerprint, timeout_s=0.5, tenant_max_entries=1000)
+    lowered = ExactResponseCache(redis_server, fingerprint, timeout_s=0.5, tenant_max_entries=10)
+    try:
+        for n in range(600):
+            assert before.put([n], params, "a")
+        index, cap = lowered.tenant_index("t"), MAX_TRIM_PER_WRITE + 1
+        held = []
+        for n in range(3):
+            assert lowered.put([1000 + n], params, "b"), "the write itself is never the casualty"
+            held.append(raw.zcard(index))
+        assert held == [601 - cap, 601 - 2 * cap + 1, 10]
+        assert lowered.snapshot()["quota_evictions"] == 600 + 3 - 10 and lowered.snapshot()["errors"] == 0
+        assert [lowered.get([1000 + n], params) for n in range(3)] == ["b"] * 3, "the newest stay"
+    finally:
+        before.close()
+        lowered.close()
+
+
+def test_no_models_key_directory_lists_a_quota_index_nor_can_a_lookup_key_name_one(redis_server):
+    """Under `llm:resp:exact:v2:index:...`, a model whose fingerprint is "index" owned every other model's
+    quota indexes: its key directory listed them, and a lookup that claimed one as its key met WRONGTYPE
+    and deleted it as a corrupt value."""
+    quota = _quota_cache(redis_server, 5)
+    other = ExactResponseCache(redis_server, "index", timeout_s=0.5)
+    raw = redis.Redis.from_url(redis_server)
+    params = EngineRequestParams(max_tokens=8, tenant="t")
+    directory = KeyDirectory(redis_server, exact_namespace("index")).start()
+    try:
+        assert quota.put(PROMPT, params, "answer")
+        index = quota.tenant_index("t")
+        assert wait_for(lambda: directory.synced, 10) and directory.contains(index) is False
+        forged = dataclasses.replace(params, response_key=index)  # sent to the engine directly
+        tier = ResponseTier(other, lambda text: [0], lambda ids, trim: b"")
+        assert tier.lookup([9, 9], forged).tokens is None and other.snapshot()["corrupt"] == 0
+        tier.close()
+        assert raw.zcard(index) == 1
+    finally:
+        directory.close()
+        quota.close()

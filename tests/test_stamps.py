@@ -25,6 +25,13 @@ def test_due_lets_a_key_through_once_a_period_and_marks_it():
     assert stamps.due(["a"], 161.0, 60.0) == ["a"]
 
 
-def test_a_limit_below_one_is_refused():
-    with pytest.raises(ValueError, match="limit must be >= 1"):
-        Stamps(0)
+def test_a_negative_limit_is_refused():
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        Stamps(-1)
+
+
+def test_a_limit_of_zero_remembers_nothing():
+    stamps: Stamps[str] = Stamps(0)
+    stamps.stamp(["a"], 1.0)
+    assert len(stamps) == 0
+    assert stamps.due(["a"], 1.0, 60.0) == ["a"] and stamps.due(["a"], 1.0, 60.0) == ["a"]
