@@ -1,4 +1,5 @@
-"""What semantic-cache lookups cost the requests submitted behind them: inline vs on their own threads.
+"""What semantic-cache lookups cost the requests submitted behind them: inline vs on their own threads,
+each lookup embedding alone or sharing a forward pass with those under way (cache/embed_coalescer.py).
 
 With the semantic cache on, every deterministic request's lookup embeds its prompt (and may run the pair
 classifier). `Engine.submit` runs on the Python backend's execute thread, one request after another, so
@@ -9,7 +10,10 @@ embeds and compares but finds nothing: misses, which the report checks), then on
 lookup), submitted back to back as one execute call would. The modes take turns going first, and each
 round waits for the response writer before the next. Reported per mode: the time the burst's submits
 take and, counted from the burst's start (the requests arrive together; Triton holds them while execute
-is busy), the sampled request's time to first token and the greedy requests' median and last.
+is busy), the sampled request's time to first token and the greedy requests' median and last, and for
+the coalesced modes the texts each MiniLM pass embedded from the burst's start to its last first token:
+the lookups' passes (a store of a request that finished meanwhile joins them or runs alone). The
+modes that do not coalesce call MiniLMEmbedder directly: one pass per text, one after another.
 
     python -m bench.lookup_offload [--rounds 10] [--burst 8]
 Writes bench/results/lookup-offload-<tag>.{json,md,png}.
@@ -23,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -60,15 +65,17 @@ QUESTIONS = (
 
 
 class FirstTokenSink:
-    def __init__(self) -> None:
+    def __init__(self, on_first: Callable[[], None] = lambda: None) -> None:
         self.started = time.perf_counter()
         self.first_s: float | None = None
         self.done = threading.Event()
         self.error: str | None = None
+        self.on_first = on_first
 
     def send(self, token_ids, read_offset, final, trim_bytes) -> None:
         if self.first_s is None:
             self.first_s = time.perf_counter() - self.started
+            self.on_first()
         if final:
             self.done.set()
 
@@ -99,17 +106,39 @@ def fill_tenant(engine, tenant: str, embeddings) -> None:
         semantic.store(question, tenant, params, "a stored answer", embedding=embedding)
 
 
+class LookupWindow:
+    """The embedder's counters when the last of `n` greedy requests has its first token: every lookup of
+    the burst has embedded by then (a request is queued only after its lookup), and only the stores of
+    requests that finished meanwhile besides: the passes counted are the lookups'."""
+
+    def __init__(self, n: int, counters: Callable[[], dict[str, int]]):
+        self._lock = threading.Lock()
+        self._left, self._counters = n, counters
+        self.before = counters()
+        self.after: dict[str, int] | None = None
+
+    def first_token(self) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left == 0:
+                self.after = self._counters()
+
+
 @dataclass
 class ModeResult:
     mode: str
     workers: int  # 0: inline
+    coalesced: bool = False  # embed calls share passes (CoalescingEmbedder) or each runs its own
     submit_ms: list[float] = field(default_factory=list)  # the whole burst's submits, per round
     sampled_ttft_ms: list[float] = field(default_factory=list)
     greedy_ttft_ms: list[float] = field(default_factory=list)  # median of the burst, per round
     last_greedy_ttft_ms: list[float] = field(default_factory=list)
     hits: int = 0  # requests answered from the cache: 0 unless a burst's questions answer each other
+    embed_passes: int = 0  # coalesced modes: MiniLM passes of the bursts' lookups (`LookupWindow`)
+    embed_texts: int = 0
 
     def row(self) -> list[object]:
+        per_pass = f"{self.embed_texts / self.embed_passes:.2f}" if self.embed_passes else "-"
         return [
             self.mode,
             f"{median(self.submit_ms):.1f}",
@@ -117,15 +146,33 @@ class ModeResult:
             f"{median(self.greedy_ttft_ms):.1f}",
             f"{median(self.last_greedy_ttft_ms):.1f}",
             self.hits,
+            per_pass,
         ]
 
 
-def run_round(engine, encode, result: ModeResult, tenant: str, burst: int) -> None:
+# the modes, side by side in one run: (name, lookup threads, coalesced)
+MODES = (
+    ("inline", 0, False),
+    ("1 thread", 1, False),
+    ("2 threads", 2, False),
+    ("8 threads", 8, False),
+    ("2 threads, coalesced", 2, True),
+    ("4 threads, coalesced", 4, True),
+    ("8 threads, coalesced", 8, True),
+)
+
+
+def run_round(
+    engine, encode, result: ModeResult, tenant: str, burst: int, embed_counters: Callable | None = None
+) -> None:
     """One burst in a tenant of its own (empty semantic cache); waits for the response writer after it, so
-    that no write of this round runs into the next."""
+    that no write of this round runs into the next. `embed_counters`: the coalescing embedder's, whose
+    passes and texts during the lookups go to `result`."""
     greedy = EngineRequestParams(max_tokens=4, temperature=0.0, ignore_eos=True, stream=True, tenant=tenant)
     sampled = EngineRequestParams(max_tokens=4, temperature=0.7, ignore_eos=True, stream=True, tenant=tenant)
-    sinks = [FirstTokenSink() for _ in range(burst + 1)]
+    window = LookupWindow(burst, embed_counters) if embed_counters is not None else None
+    on_first = window.first_token if window is not None else (lambda: None)
+    sinks = [FirstTokenSink(on_first) for _ in range(burst)] + [FirstTokenSink()]
     cached = engine.stats.finished.get("cached", 0)
     started = time.perf_counter()
     for i, sink in enumerate(sinks):
@@ -142,6 +189,9 @@ def run_round(engine, encode, result: ModeResult, tenant: str, burst: int) -> No
     result.greedy_ttft_ms.append(median(firsts[:-1]))
     result.last_greedy_ttft_ms.append(max(firsts[:-1]))
     result.hits += engine.stats.finished.get("cached", 0) - cached
+    if window is not None and window.after is not None:
+        result.embed_passes += window.after["passes"] - window.before["passes"]
+        result.embed_texts += window.after["texts"] - window.before["texts"]
     if not engine.responses.drain_writes(30.0):
         raise RuntimeError("the response writer did not catch up within 30 s")
 
@@ -163,7 +213,7 @@ def plot(results: list[ModeResult], path: Path) -> None:
     ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(labels))], labels)
     ax.set_ylabel("ms (median of rounds)")
     ax.legend()
-    ax.set_title("Semantic-cache lookups inline vs off the submitting thread")
+    ax.set_title("Semantic-cache lookups: inline, on threads, coalesced embedding")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -195,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             def encode(text: str) -> list[int]:
                 return tokenizer.encode(text).ids
 
-            shipped = engine.lookups
-            results = [ModeResult("inline", 0), ModeResult("1 thread", 1), ModeResult("2 threads", 2)]
+            shipped, semantic = engine.lookups, engine.responses.semantic
+            coalescer = semantic.embedder  # the loader's CoalescingEmbedder over MiniLM
+            results = [ModeResult(name, workers, coalesced) for name, workers, coalesced in MODES]
             pools = {r.workers: LookupPool(r.workers) for r in results if r.workers}
             try:
                 fillers = engine.responses.semantic.embed_queries(list(FILLERS))
@@ -206,12 +257,14 @@ def main(argv: list[str] | None = None) -> int:
                     k = round_no % len(results)  # each mode first, second and last in turn
                     for result in results[k:] + results[:k]:
                         engine.lookups = pools.get(result.workers)
-                        tenant = f"r{round_no}-{result.workers}"
+                        semantic.embedder = coalescer if result.coalesced else coalescer.inner
+                        tenant = f"r{round_no}-{results.index(result)}"
                         fill_tenant(engine, tenant, fillers)
-                        run_round(engine, encode, result, tenant, args.burst)
+                        counters = coalescer.snapshot if result.coalesced else None
+                        run_round(engine, encode, result, tenant, args.burst, counters)
                     progress(f"round {round_no + 1}/{args.rounds}")
             finally:
-                engine.lookups = shipped
+                engine.lookups, semantic.embedder = shipped, coalescer
                 for pool in pools.values():
                     pool.shutdown()
                 engine.shutdown(5.0)
@@ -222,14 +275,17 @@ def main(argv: list[str] | None = None) -> int:
             redis.wait(timeout=10)
     headers = [
         "lookups", "burst submits ms", "sampled TTFT ms", "greedy TTFT ms (median)", "greedy TTFT ms (last)",
-        "cache hits",
+        "cache hits", "texts per MiniLM pass",
     ]  # fmt: skip
     table = print_table(headers, [r.row() for r in results])
     note = (
         f"\nper round and mode: {args.burst} greedy requests (distinct topics, in a tenant of their own "
         "holding 20 unrelated entries: semantic misses) then 1 sampled, submitted back to back; the modes "
         f"take turns going first; medians over {args.rounds} rounds; {args.preset} model on {args.device}; "
-        "the semantic cache as shipped (MiniLM embedding, guard, verifier, pair classifier)\n"
+        "the semantic cache as shipped (MiniLM embedding, guard, verifier, pair classifier); coalesced: "
+        "concurrent embed calls share one MiniLM pass (texts per pass: from the burst's start to its last "
+        "greedy first token, i.e. the lookups' passes; the writer's stores after that, one text each, are "
+        "not counted)\n"
     )
     print(note)
     command = "python -m bench.lookup_offload " + shlex.join(sys.argv[1:] if argv is None else argv)

@@ -61,9 +61,12 @@ class EmbedderConfig:
 class MiniLMEmbedder:
     """``embed(texts) -> float32 (n, 384)``, unit-norm rows.
 
-    Thread-safe: one lock serializes forward passes. A BERT forward already uses every intra-op
-    thread, so concurrent calls would only contend; the lock also keeps the tokenizer (a Rust object
-    with mutable truncation/padding state) from being reconfigured under another caller.
+    Thread-safe: one lock serializes forward passes (a BERT forward already uses every intra-op
+    thread, so concurrent calls would only contend), another the tokenizer (a Rust object with mutable
+    truncation/padding state that another caller must not reconfigure mid-call). Two locks, so that
+    ``fits``, which only tokenizes, does not wait for a forward pass: a lookup checks it before it embeds,
+    and behind a pass it would come out of ``fits`` alone instead of queueing its text for the next pass
+    with the others (cache/embed_coalescer.py).
     """
 
     def __init__(self, config: EmbedderConfig | None = None):
@@ -71,7 +74,8 @@ class MiniLMEmbedder:
 
         self.config = config or EmbedderConfig()
         self._torch = torch
-        self._lock = threading.Lock()
+        self._model_lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
         self.tokenizer, self.model, self.model_dir = load_checkpoint(self.config.model_dir)
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
@@ -82,9 +86,8 @@ class MiniLMEmbedder:
         texts = list(texts)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         bs = max(1, self.config.batch_size)
-        with self._lock:
-            for start in range(0, len(texts), bs):
-                out[start : start + bs] = self._embed_batch(texts[start : start + bs])
+        for start in range(0, len(texts), bs):
+            out[start : start + bs] = self._embed_batch(texts[start : start + bs])
         return out
 
     def embed_one(self, text: str) -> np.ndarray:
@@ -98,7 +101,7 @@ class MiniLMEmbedder:
         out = [len(text.split()) <= limit for text in texts]  # every word is a token at least: no tokenizing
         short = [text for text, ok in zip(texts, out) if ok]
         if short:
-            with self._lock:
+            with self._tokenizer_lock:
                 lengths = [len(ids) for ids in self.tokenizer(short, truncation=False)["input_ids"]]
             it = iter(lengths)
             out = [ok and next(it) <= limit for ok in out]
@@ -106,14 +109,15 @@ class MiniLMEmbedder:
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         torch = self._torch
-        enc = self.tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.config.max_seq_length,
-            return_tensors="pt",
-        )
-        with torch.inference_mode():
+        with self._tokenizer_lock:
+            enc = self.tokenizer(
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=self.config.max_seq_length,
+                return_tensors="pt",
+            )
+        with self._model_lock, torch.inference_mode():
             pooled = mean_pool(self.model(**enc).last_hidden_state, enc["attention_mask"])
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled.to(torch.float32).numpy()

@@ -912,6 +912,15 @@ class SemanticResponseCache(RedisCacheBase):
         self._matrices: OrderedDict[str, _TenantMatrix] = OrderedDict()
         self._max_cached_tenants = max_cached_tenants
 
+    def snapshot(self) -> dict[str, int]:
+        """The cache's counters and, as ``embed_<name>``, the embedder's when it keeps any (a
+        ``CoalescingEmbedder``'s passes and texts: how many lookups each forward pass served)."""
+        counters = super().snapshot()
+        embedder_counters = getattr(self.embedder, "snapshot", None)
+        if callable(embedder_counters):
+            counters.update({f"embed_{name}": value for name, value in embedder_counters().items()})
+        return counters
+
     # -- keys and records ------------------------------------------------------------------------
 
     def _keys(self, tenant: str) -> list[str]:

@@ -208,10 +208,12 @@ def build_response_tier(
     semantic = None
     if config.semantic_cache:
         try:
+            from cache.embed_coalescer import CoalescerConfig, CoalescingEmbedder
             from cache.embedder import MiniLMEmbedder
             from cache.semantic_cache import SemanticResponseCache
 
-            embedder = MiniLMEmbedder()
+            minilm = MiniLMEmbedder()  # concurrent lookups (and the writer's stores) share its passes
+            embedder = CoalescingEmbedder(minilm, CoalescerConfig(max_texts=minilm.config.batch_size))
             semantic = SemanticResponseCache(
                 config.redis_url,
                 fingerprint,

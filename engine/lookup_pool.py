@@ -1,15 +1,15 @@
 """Runs slow response-cache lookups (the semantic cache) off the thread that submits requests.
 
-`Engine.submit` runs on the Python backend's execute thread, one request after another. A semantic
-lookup embeds the prompt and may run the pair classifier (~11 ms on the CPU VM), so inline it held up
-every request that arrived behind it, whatever their own cache settings: a burst of eight waited up to
-eight lookups before the last was even queued. Here they run on threads of their own and the submit
-returns at once. (A second thread overlaps only the lookups' Redis and Python parts: the embedder and the
-pair classifier each run one pass at a time.) Waiting lookups are taken most urgent first (the request's
-priority, then arrival), so a critical request does not wait behind a burst of standard ones. Past
-`max_pending`, a lookup runs on the caller again: the back-pressure the inline path had, instead of an
-unbounded backlog. `on_change` is told whenever the number waiting changes, so that what a drain watches
-(the engine's queue depth) counts them.
+`Engine.submit` runs on the Python backend's execute thread, one request after another. A semantic lookup
+embeds the prompt and may run the pair classifier (~11 ms on the CPU VM), so inline it held up every
+request that arrived behind it, whatever their own cache settings: a burst of eight waited up to eight
+lookups before the last was even queued. Here they run on threads of their own and the submit returns at
+once. (More threads overlap the lookups' Redis and Python parts, and their embed calls share MiniLM
+passes, cache/embed_coalescer.py; the pair classifier runs one pass at a time.) Waiting lookups are taken
+most urgent first (the request's priority, then arrival), so a critical request does not wait behind a
+burst of standard ones. Past `max_pending`, a lookup runs on the caller again: the back-pressure the
+inline path had, instead of an unbounded backlog. `on_change` is told whenever the number waiting
+changes, so that what a drain watches (the engine's queue depth) counts them.
 """
 
 from __future__ import annotations

@@ -48,6 +48,20 @@ def test_embedder_shape_norm_and_similarity(embedder):
     assert embedder.embed([]).shape == (0, 384)
 
 
+def test_a_coalescing_embedders_counters_are_in_the_caches_snapshot(redis_server, embedder, cache):
+    from cache.embed_coalescer import CoalescingEmbedder
+
+    counted = SemanticResponseCache(redis_server, cache.fingerprint, CoalescingEmbedder(embedder))
+    try:
+        assert counted.store(QUESTION, "t1", GREEDY, " an answer")
+        counted.lookup(PARAPHRASE, "t1", GREEDY)
+        stats = counted.snapshot()
+        assert stats["stores"] == 1 and (stats["embed_passes"], stats["embed_texts"]) == (2, 2)
+        assert "embed_passes" not in cache.snapshot()  # an embedder without counters adds none
+    finally:
+        counted.close()
+
+
 def test_paraphrase_hits_and_negation_does_not(cache):
     assert cache.store(QUESTION, "t1", GREEDY, " Open Settings > Security > Reset.")
     hit = cache.lookup(PARAPHRASE, "t1", GREEDY)

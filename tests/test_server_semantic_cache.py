@@ -50,3 +50,19 @@ def test_a_paraphrase_is_answered_from_the_semantic_cache(semantic_stack):
     generate(url, "How do I reset my password?", sampling=GREEDY, tenant="globex")
     generate(url, "How do I not reset my password?", sampling=GREEDY, tenant="acme")
     assert cached(semantic_stack) == hits, "another tenant and a negated question never hit"
+
+
+def test_the_embedders_passes_and_texts_are_in_the_metrics(semantic_stack):
+    """The loader puts the coalescing embedder in front of MiniLM; its counters reach
+    `llm_engine_cache_total{tier="semantic"}` (`embed_texts / embed_passes`: texts per forward pass)."""
+    generate(semantic_stack.grpc_url, "How do I water a cactus?", sampling=GREEDY, tenant="acme")
+
+    def counter(name: str) -> float:
+        metrics = scrape_metrics(semantic_stack.metrics_url)
+        return metric_total(metrics, "llm_engine_cache_total", tier="semantic", counter=name)
+
+    deadline = time.monotonic() + 30
+    while counter("embed_passes") == 0 and time.monotonic() < deadline:
+        generate(semantic_stack.grpc_url, "How do I water a cactus?", sampling=GREEDY, tenant="acme")
+    passes, texts = counter("embed_passes"), counter("embed_texts")
+    assert passes >= 1 and texts >= passes and counter("embed_calls") >= passes

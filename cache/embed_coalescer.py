@@ -1,0 +1,148 @@
+"""Group-commit embedding: concurrent ``embed`` calls share one forward pass.
+
+Semantic lookups run on several threads (engine/lookup_pool.py) and each embeds one short prompt, but
+the embedder runs one forward pass at a time: a burst of N lookups paid N single-text passes in a row,
+when a batched pass costs far less per text (MiniLM on the 2-core CPU VM: ~2.7 ms a text in a batch).
+So a caller that finds no pass under way runs its own at once (no timer: a lone lookup never waits for
+company); callers that arrive during a pass queue their texts, and when it ends one of them, the leader,
+runs one pass for everything queued (first come first, up to ``max_texts``) and hands each caller its
+own rows. A pass that raises raises in each of its callers, and the next pass runs as usual.
+
+A batch pads to its longest text. MiniLM masks the padding, so a text's vector alone or in a batch
+differs by float noise only (tests/test_embed_coalescer.py checks it on the real checkpoint).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+class BatchEmbedder(Protocol):
+    dim: int
+
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+    def fits(self, texts: list[str]) -> list[bool]: ...
+
+
+@dataclass(frozen=True)
+class CoalescerConfig:
+    # texts one coalesced pass takes at most: MiniLMEmbedder's batch_size, past which it would split the
+    # pass anyway. A single call with more texts still runs whole (the inner embedder splits it).
+    max_texts: int = 64
+
+
+@dataclass
+class CoalescerStats:
+    calls: int = 0  # embed calls with at least one text
+    queued: int = 0  # of them, those that arrived during a pass and waited for a later one
+    passes: int = 0  # calls of the inner embedder: texts / passes is the mean batch
+    texts: int = 0
+    errors: int = 0  # passes that raised (in every one of their callers)
+
+
+class _Call:
+    """One caller's texts and, once its pass ends, its rows or the pass's error."""
+
+    __slots__ = ("texts", "rows", "error", "done")
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+        self.rows: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+class CoalescingEmbedder:
+    """An ``Embedder`` (``embed``, ``fits``, ``dim``) over another whose concurrent ``embed`` calls
+    coalesce into one pass of the inner embedder; ``fits`` goes straight to it."""
+
+    def __init__(self, inner: BatchEmbedder, config: CoalescerConfig | None = None):
+        self.config = config or CoalescerConfig()
+        if self.config.max_texts < 1:
+            raise ValueError(f"max_texts must be >= 1, got {self.config.max_texts}")
+        self.inner = inner
+        self.dim = int(inner.dim)
+        self.stats = CoalescerStats()
+        self._cond = threading.Condition()
+        self._queue: deque[_Call] = deque()
+        self._running = False
+
+    def embed(self, texts: list[str] | tuple[str, ...]) -> np.ndarray:
+        """float32 (len(texts), dim): this call's rows, in order, of the pass that embedded them."""
+        call = _Call(list(texts))
+        if not call.texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._cond:
+            self.stats.calls += 1
+            self.stats.queued += self._running
+            self._queue.append(call)
+        while (batch := self._lead_or_wait(call)) is not None:
+            self._run(batch)
+        if call.error is not None:
+            raise call.error
+        assert call.rows is not None
+        return call.rows
+
+    def fits(self, texts: list[str] | tuple[str, ...]) -> list[bool]:
+        return self.inner.fits(list(texts))
+
+    def snapshot(self) -> dict[str, int]:
+        """The cumulative counters, for metrics (the semantic cache reports them as ``embed_<name>``)."""
+        with self._cond:
+            return asdict(self.stats)
+
+    @property
+    def waiting(self) -> int:
+        """Callers queued for the next pass."""
+        with self._cond:
+            return len(self._queue)
+
+    def _lead_or_wait(self, call: _Call) -> list[_Call] | None:
+        """None once ``call`` is answered; else the calls this thread must embed now. While no pass runs,
+        every unanswered call is queued, so the batch is never empty; it may leave out ``call`` itself
+        when those ahead of it fill ``max_texts``: the leader then loops, as waiter or leader again."""
+        with self._cond:
+            while self._running and not call.done:
+                self._cond.wait()
+            if call.done:
+                return None
+            self._running = True
+            batch: list[_Call] = []
+            n = 0
+            while self._queue and (not batch or n + len(self._queue[0].texts) <= self.config.max_texts):
+                batch.append(self._queue.popleft())
+                n += len(batch[-1].texts)
+            return batch
+
+    def _run(self, batch: list[_Call]) -> None:
+        """One pass for ``batch``; answers every call in it, raised or not, so that no caller is left
+        waiting and the next pass can start."""
+        texts = [text for c in batch for text in c.texts]
+        rows: np.ndarray | None = None
+        error: BaseException | None = None
+        try:
+            rows = np.asarray(self.inner.embed(texts), dtype=np.float32)
+            if rows.shape != (len(texts), self.dim):
+                raise ValueError(f"the embedder gave {rows.shape} for {len(texts)} texts of dim {self.dim}")
+        except BaseException as exc:  # handed to every caller of this pass, re-raised there
+            error = exc
+        with self._cond:
+            start = 0
+            for c in batch:
+                if error is None:
+                    c.rows = rows[start : start + len(c.texts)]
+                    start += len(c.texts)
+                else:
+                    c.error = error
+                c.done = True
+            self.stats.passes += 1
+            self.stats.texts += len(texts)
+            self.stats.errors += error is not None
+            self._running = False
+            self._cond.notify_all()
