@@ -62,6 +62,25 @@ def test_a_coalescing_embedders_counters_are_in_the_caches_snapshot(redis_server
         counted.close()
 
 
+def test_a_missed_prompts_store_reuses_its_lookups_embedding(redis_server, embedder, cache):
+    from cache.embed_coalescer import CoalescingEmbedder
+    from cache.embed_memo import RecentEmbeddings
+
+    counted = SemanticResponseCache(
+        redis_server, cache.fingerprint, RecentEmbeddings(CoalescingEmbedder(embedder))
+    )
+    try:
+        assert counted.store(QUESTION, "t1", GREEDY, " an answer")  # one pass
+        other = "What is the capital of France?"
+        assert counted.lookup(other, "t1", GREEDY) is None  # a miss: one pass
+        assert counted.store(other, "t1", GREEDY, " Paris.")  # its answer: none
+        stats = counted.snapshot()
+        assert (stats["embed_passes"], stats["embed_memo_reused"]) == (2, 1)
+        assert counted.lookup("what's the capital of france", "t1", GREEDY).answer == " Paris."
+    finally:
+        counted.close()
+
+
 def test_paraphrase_hits_and_negation_does_not(cache):
     assert cache.store(QUESTION, "t1", GREEDY, " Open Settings > Security > Reset.")
     hit = cache.lookup(PARAPHRASE, "t1", GREEDY)
