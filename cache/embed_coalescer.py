@@ -6,7 +6,10 @@ when a batched pass costs far less per text (MiniLM on the 2-core CPU VM: ~2.7 m
 So a caller that finds no pass under way runs its own at once (no timer: a lone lookup never waits for
 company); callers that arrive during a pass queue their texts, and when it ends one of them, the leader,
 runs one pass for everything queued (first come first, up to ``max_texts``) and hands each caller its
-own rows. A pass that raises raises in each of its callers, and the next pass runs as usual.
+own rows. A pass that raises an Exception raises `EmbeddingFailed` in each of its callers, a fresh one
+each chained to it (one object raised in several threads would gather all their frames in its
+traceback); an interrupt (KeyboardInterrupt, SystemExit) stays in the thread it was raised in, and the
+pass's other callers get `EmbeddingFailed`. Either way every caller is answered and the next pass runs.
 
 A batch pads to its longest text. MiniLM masks the padding, so a text's vector alone or in a batch
 differs by float noise only (tests/test_embed_coalescer.py checks it on the real checkpoint).
@@ -35,6 +38,10 @@ class CoalescerConfig:
     # texts one coalesced pass takes at most: MiniLMEmbedder's batch_size, past which it would split the
     # pass anyway. A single call with more texts still runs whole (the inner embedder splits it).
     max_texts: int = 64
+
+
+class EmbeddingFailed(RuntimeError):
+    """The shared pass that was to embed this caller's texts failed (its error is the ``__cause__``)."""
 
 
 @dataclass
@@ -85,7 +92,13 @@ class CoalescingEmbedder:
         while (batch := self._lead_or_wait(call)) is not None:
             self._run(batch)
         if call.error is not None:
-            raise call.error
+            # neither the call nor this frame may keep the error: its traceback holds the failed pass's
+            # frames, whose f_back chain reaches back here, and a cycle would keep them until a GC
+            error, call.error = call.error, None
+            try:
+                raise EmbeddingFailed(f"the embedding pass failed: {error!r}") from error
+            finally:
+                del error
         assert call.rows is not None
         return call.rows
 
@@ -121,28 +134,40 @@ class CoalescingEmbedder:
             return batch
 
     def _run(self, batch: list[_Call]) -> None:
-        """One pass for ``batch``; answers every call in it, raised or not, so that no caller is left
-        waiting and the next pass can start."""
-        texts = [text for c in batch for text in c.texts]
+        """One pass for ``batch``; answers every call in it, whatever happens, so that no caller is left
+        waiting and the next pass can start. An interrupt propagates here only."""
         rows: np.ndarray | None = None
         error: BaseException | None = None
         try:
+            texts = [text for c in batch for text in c.texts]
             rows = np.asarray(self.inner.embed(texts), dtype=np.float32)
             if rows.shape != (len(texts), self.dim):
                 raise ValueError(f"the embedder gave {rows.shape} for {len(texts)} texts of dim {self.dim}")
-        except BaseException as exc:  # handed to every caller of this pass, re-raised there
-            error = exc
+        except Exception as exc:  # handed to every caller of this pass
+            rows, error = None, exc
+        finally:  # on an interrupt too: rows None and no error
+            self._answer(batch, rows, error)
+            error = None  # this frame, which the error's traceback holds, must not hold the error
+
+    def _answer(self, batch: list[_Call], rows: np.ndarray | None, error: BaseException | None) -> None:
         with self._cond:
-            start = 0
-            for c in batch:
-                if error is None:
-                    c.rows = rows[start : start + len(c.texts)]
-                    start += len(c.texts)
-                else:
-                    c.error = error
-                c.done = True
-            self.stats.passes += 1
-            self.stats.texts += len(texts)
-            self.stats.errors += error is not None
-            self._running = False
-            self._cond.notify_all()
+            try:
+                if rows is None and error is None:
+                    error = RuntimeError("the embedding pass was interrupted in another thread")
+                start = 0
+                for c in batch:
+                    if error is None:
+                        c.rows = rows[start : start + len(c.texts)]
+                        start += len(c.texts)
+                    else:
+                        c.error = error
+                    c.done = True
+                self.stats.passes += 1
+                self.stats.texts += sum(len(c.texts) for c in batch)
+                self.stats.errors += error is not None
+            finally:  # interrupted while answering: the rest are told, and the next pass may start
+                for c in batch:
+                    if not c.done:
+                        c.error, c.done = RuntimeError("the embedding pass was interrupted"), True
+                self._running = False
+                self._cond.notify_all()

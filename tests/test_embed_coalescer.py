@@ -6,12 +6,17 @@ batch it is padded into."""
 
 from __future__ import annotations
 
+import gc
+import inspect
+import sys
 import threading
+import traceback
+import weakref
 
 import numpy as np
 import pytest
 
-from cache.embed_coalescer import CoalescerConfig, CoalescingEmbedder
+from cache.embed_coalescer import CoalescerConfig, CoalescingEmbedder, EmbeddingFailed
 from tests.conftest import wait_for
 
 DIM = 4
@@ -156,7 +161,7 @@ def test_a_failed_pass_raises_in_each_of_its_callers_and_the_next_pass_works():
     assert first.error is None and first.rows[0][0] == 0  # its pass was not the failed one
     assert fake.passes[1] == ["t1", "t2", "t3", "t4"]
     for caller in failing:
-        assert isinstance(caller.error, RuntimeError) and str(caller.error) == "pass 1 failed"
+        assert isinstance(caller.error, EmbeddingFailed) and str(caller.error.__cause__) == "pass 1 failed"
     assert coalescer.embed(["t5"])[0][0] == 5  # not wedged: a lone caller runs at once again
     assert coalescer.snapshot()["errors"] == 1 and coalescer.snapshot()["passes"] == 3
 
@@ -178,8 +183,9 @@ def test_an_inner_embedder_that_returns_the_wrong_shape_raises_instead_of_handin
             return super().embed(texts)[:-1]
 
     coalescer = CoalescingEmbedder(Short())
-    with pytest.raises(ValueError, match="for 2 texts"):
+    with pytest.raises(EmbeddingFailed, match="for 2 texts") as raised:
         coalescer.embed(["t1", "t2"])
+    assert isinstance(raised.value.__cause__, ValueError)
     assert coalescer.snapshot()["errors"] == 1
 
 
@@ -275,3 +281,87 @@ def test_minilm_fits_does_not_wait_for_a_forward_pass(minilm):
         checker.start()
         assert answered.wait(10), "fits waited for the forward pass"
     checker.join(10)
+
+
+class Interrupting(FakeEmbedder):
+    """Its pass number 1 raises KeyboardInterrupt in the thread that runs it (what SIGINT's handler
+    raises in the main thread, the execute thread, when it embeds inline)."""
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if len(self.passes) == 1:
+            self.passes.append(list(texts))
+            self.threads.append(threading.current_thread().name)
+            raise KeyboardInterrupt
+        return super().embed(texts)
+
+
+def test_an_interrupt_stays_in_the_thread_that_ran_the_pass_and_its_other_callers_get_an_error():
+    fake = Interrupting(hold={0})
+    coalescer = CoalescingEmbedder(fake)
+    first = hold_first_pass(coalescer, fake)
+    behind = queue(coalescer, [["t1"], ["t2"]])
+    fake.release.set()
+    join([first, *behind])
+    led = next(c for c in behind if c.name == fake.threads[1])
+    other = next(c for c in behind if c is not led)
+    assert isinstance(led.error, KeyboardInterrupt), "raised where it happened, not swallowed"
+    assert isinstance(other.error, EmbeddingFailed), "not an interrupt in a thread that never got one"
+    assert coalescer.embed(["t5"])[0][0] == 5 and coalescer.snapshot()["errors"] == 1
+
+
+def test_each_caller_gets_its_own_error_whose_traceback_holds_only_its_frames():
+    fake = FakeEmbedder(hold={0}, fail={1})
+    coalescer = CoalescingEmbedder(fake)
+    first = hold_first_pass(coalescer, fake)
+    failing = queue(coalescer, [["t1"], ["t2"], ["t3"]])
+    fake.release.set()
+    join([first, *failing])
+    errors = [c.error for c in failing]
+    assert len({id(e) for e in errors}) == 3 and len({id(e.__cause__) for e in errors}) == 1
+    for caller in failing:  # one object raised in three threads gathered all their frames
+        frames = [frame for frame, _ in traceback.walk_tb(caller.error.__traceback__)]
+        assert {f.f_locals.get("self") for f in frames} <= {caller, coalescer}
+
+
+def test_a_failed_pass_is_freed_with_its_callers_error_without_waiting_for_the_cyclic_gc():
+    class Marker:
+        pass
+
+    class Holding(FakeEmbedder):
+        def embed(self, texts):
+            self.marker = weakref.ref(activations := Marker())  # what a forward pass's frame holds
+            raise RuntimeError(f"failed with {activations!r}")
+
+    inner = Holding()
+    coalescer = CoalescingEmbedder(inner)
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(EmbeddingFailed):
+            coalescer.embed(["t1"])
+        assert inner.marker() is None
+    finally:
+        gc.enable()
+
+
+def test_an_interrupt_while_the_callers_are_answered_does_not_wedge_the_next_pass():
+    coalescer = CoalescingEmbedder(FakeEmbedder())
+    code = CoalescingEmbedder._answer.__code__
+    target = code.co_firstlineno + next(
+        i
+        for i, line in enumerate(inspect.getsourcelines(CoalescingEmbedder._answer)[0])
+        if "c.done = True" in line
+    )
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == target:
+            raise KeyboardInterrupt  # what SIGINT's handler raises, at that line
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            coalescer.embed(["t1"])
+    finally:
+        sys.settrace(None)
+    assert coalescer.embed(["t2"])[0][0] == 2, "the next caller runs its pass"
