@@ -246,10 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 return tokenizer.encode(text).ids
 
             shipped, semantic = engine.lookups, engine.responses.semantic
-            # the loader's stack: RecentEmbeddings over CoalescingEmbedder over MiniLM. The rounds repeat
-            # their questions, so the recent vectors are left out of every mode: lookups must embed
-            shipped_embedder = semantic.embedder
-            coalescer = shipped_embedder.inner
+            coalescer = semantic.embedder  # the loader's CoalescingEmbedder over MiniLM
             results = [ModeResult(name, workers, coalesced) for name, workers, coalesced in MODES]
             pools = {r.workers: LookupPool(r.workers) for r in results if r.workers}
             try:
@@ -267,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                         run_round(engine, encode, result, tenant, args.burst, counters)
                     progress(f"round {round_no + 1}/{args.rounds}")
             finally:
-                engine.lookups, semantic.embedder = shipped, shipped_embedder
+                engine.lookups, semantic.embedder = shipped, coalescer
                 for pool in pools.values():
                     pool.shutdown()
                 engine.shutdown(5.0)
@@ -287,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         f"take turns going first; medians over {args.rounds} rounds; {args.preset} model on {args.device}; "
         "the semantic cache as shipped (MiniLM embedding, guard, verifier, pair classifier); coalesced: "
         "concurrent embed calls share one MiniLM pass (texts per pass: from the burst's start to its last "
-        "greedy first token, the lookups' passes and those of any store that ran by then; the recent "
-        "vectors the server keeps (RecentEmbeddings) are left out: the rounds repeat their questions)\n"
+        "greedy first token, the lookups' passes and those of any store that ran by then; a store reuses "
+        "its lookup's vector, kept per tenant, when it has one)\n"
     )
     print(note)
     command = "python -m bench.lookup_offload " + shlex.join(sys.argv[1:] if argv is None else argv)

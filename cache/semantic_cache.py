@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from cache.embed_memo import RecentVectors
 from cache.circuit_breaker import CircuitBreaker
 from cache.response_cache import (
     RedisCacheBase,
@@ -878,6 +879,7 @@ class SemanticResponseCache(RedisCacheBase):
         breaker: CircuitBreaker | None = None,
         verifier: Verifier | None | str = "default",
         pair_check: PairCheck | None = None,
+        recent_vectors: int = 1024,
     ):
         """``use_guard=False`` exists for the benchmark's ablation only; never serve without it (the
         lower band needs the guard, so without it only ``threshold`` counts).
@@ -886,8 +888,10 @@ class SemanticResponseCache(RedisCacheBase):
         missing or of another version the band falls back to the overlap rule); None disables it.
         ``low_threshold`` None: the verifier's own band bottom, or ``threshold`` (band closed) without one.
         ``pair_check``: the cross-encoder every would-be hit must also pass (``PairCheck``); None serves on
-        the cosine, guard and verifier alone."""
+        the cosine, guard and verifier alone. ``recent_vectors``: how many (tenant, prompt) vectors are
+        kept so that a missed prompt's store reuses its lookup's (``cache/embed_memo.py``); 0: none."""
         super().__init__(redis_url, timeout_s, breaker, SemanticCacheStats())
+        self.recent = RecentVectors(recent_vectors) if recent_vectors else None
         self.fingerprint = fingerprint
         self.embedder = embedder
         self.threshold = float(threshold)
@@ -919,6 +923,8 @@ class SemanticResponseCache(RedisCacheBase):
         embedder_counters = getattr(self.embedder, "snapshot", None)
         if callable(embedder_counters):
             counters.update({f"embed_{name}": value for name, value in embedder_counters().items()})
+        if self.recent is not None:
+            counters.update({f"embed_recent_{name}": value for name, value in self.recent.snapshot().items()})
         return counters
 
     # -- keys and records ------------------------------------------------------------------------
@@ -962,7 +968,7 @@ class SemanticResponseCache(RedisCacheBase):
         normalized = self._within_window(prompt)
         if normalized is None:
             return False
-        vec = self._embed(normalized) if embedding is None else self._normalize(embedding)
+        vec = self._embed(normalized, tenant) if embedding is None else self._normalize(embedding)
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
             return False
         emb = vec.astype("<f4").tobytes()
@@ -1076,7 +1082,7 @@ class SemanticResponseCache(RedisCacheBase):
             return None
         if not tm.ids:
             return iter(()), 0, 1.0, 1.0
-        vec = self._embed(normalized) if embedding is None else self._normalize(embedding)
+        vec = self._embed(normalized, tenant) if embedding is None else self._normalize(embedding)
         high = self.threshold if threshold is None else float(threshold)
         low = self.low_threshold if low_threshold is None else float(low_threshold)
         limit = min(low, high) if self.use_guard else high
@@ -1110,9 +1116,15 @@ class SemanticResponseCache(RedisCacheBase):
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         return vecs / np.where(norms > 0, norms, 1.0)
 
-    def _embed(self, normalized: str) -> np.ndarray:
-        """The unit embedding of a text already in normal form (`normalize_question`)."""
-        return self._normalize(self.embedder.embed([normalized])[0])
+    def _embed(self, normalized: str, tenant: str) -> np.ndarray:
+        """The unit embedding of a text already in normal form (`normalize_question`), kept a while for
+        the tenant: a missed lookup's store follows it."""
+        if self.recent is not None and (vec := self.recent.get(tenant, normalized)) is not None:
+            return vec
+        vec = self._normalize(self.embedder.embed([normalized])[0])
+        if self.recent is not None:
+            self.recent.put(tenant, normalized, vec)
+        return vec
 
     def _within_window(self, prompt: str) -> str | None:
         """The prompt's normal form, which is what gets embedded, or None when it is past the embedder's

@@ -209,13 +209,11 @@ def build_response_tier(
     if config.semantic_cache:
         try:
             from cache.embed_coalescer import CoalescerConfig, CoalescingEmbedder
-            from cache.embed_memo import RecentEmbeddings
             from cache.embedder import MiniLMEmbedder
             from cache.semantic_cache import SemanticResponseCache
 
             minilm = MiniLMEmbedder()  # concurrent lookups (and the writer's stores) share its passes
-            coalesced = CoalescingEmbedder(minilm, CoalescerConfig(max_texts=minilm.config.batch_size))
-            embedder = RecentEmbeddings(coalesced)  # a miss's store reuses its lookup's vector
+            embedder = CoalescingEmbedder(minilm, CoalescerConfig(max_texts=minilm.config.batch_size))
             semantic = SemanticResponseCache(
                 config.redis_url,
                 fingerprint,

@@ -62,23 +62,27 @@ def test_a_coalescing_embedders_counters_are_in_the_caches_snapshot(redis_server
         counted.close()
 
 
-def test_a_missed_prompts_store_reuses_its_lookups_embedding(redis_server, embedder, cache):
+def test_a_missed_prompts_store_reuses_its_lookups_embedding_within_its_tenant(redis_server, embedder, cache):
     from cache.embed_coalescer import CoalescingEmbedder
-    from cache.embed_memo import RecentEmbeddings
 
-    counted = SemanticResponseCache(
-        redis_server, cache.fingerprint, RecentEmbeddings(CoalescingEmbedder(embedder))
-    )
+    counted = SemanticResponseCache(redis_server, cache.fingerprint, CoalescingEmbedder(embedder))
     try:
         assert counted.store(QUESTION, "t1", GREEDY, " an answer")  # one pass
+        assert counted.store(QUESTION, "t2", GREEDY, " t2's answer")  # one pass: another tenant
         other = "What is the capital of France?"
         assert counted.lookup(other, "t1", GREEDY) is None  # a miss: one pass
         assert counted.store(other, "t1", GREEDY, " Paris.")  # its answer: none
+        assert counted.lookup(other, "t2", GREEDY) is None  # t1 asked it, but t2's lookup embeds: one pass
         stats = counted.snapshot()
-        assert (stats["embed_passes"], stats["embed_memo_reused"]) == (2, 1)
+        assert (stats["embed_passes"], stats["embed_recent_reused"]) == (4, 1)
         assert counted.lookup("what's the capital of france", "t1", GREEDY).answer == " Paris."
     finally:
         counted.close()
+    off = SemanticResponseCache(redis_server, cache.fingerprint, embedder, recent_vectors=0)
+    try:
+        assert off.recent is None and "embed_recent_reused" not in off.snapshot()
+    finally:
+        off.close()
 
 
 def test_paraphrase_hits_and_negation_does_not(cache):
