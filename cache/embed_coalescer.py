@@ -89,8 +89,8 @@ class CoalescingEmbedder:
             self.stats.calls += 1
             self.stats.queued += self._running
             self._queue.append(call)
-        while (batch := self._lead_or_wait(call)) is not None:
-            self._run(batch)
+        while self._lead_once(call):
+            pass
         if call.error is not None:
             # neither the call nor this frame may keep the error: its traceback holds the failed pass's
             # frames, whose f_back chain reaches back here, and a cycle would keep them until a GC
@@ -116,40 +116,47 @@ class CoalescingEmbedder:
         with self._cond:
             return len(self._queue)
 
-    def _lead_or_wait(self, call: _Call) -> list[_Call] | None:
-        """None once ``call`` is answered; else the calls this thread must embed now. While no pass runs,
-        every unanswered call is queued, so the batch is never empty; it may leave out ``call`` itself
-        when those ahead of it fill ``max_texts``: the leader then loops, as waiter or leader again."""
-        with self._cond:
-            while self._running and not call.done:
-                self._cond.wait()
-            if call.done:
-                return None
-            self._running = True
-            batch: list[_Call] = []
-            n = 0
-            while self._queue and (not batch or n + len(self._queue[0].texts) <= self.config.max_texts):
-                batch.append(self._queue.popleft())
-                n += len(batch[-1].texts)
-            return batch
-
-    def _run(self, batch: list[_Call]) -> None:
-        """One pass for ``batch``; answers every call in it, whatever happens, so that no caller is left
-        waiting and the next pass can start. An interrupt propagates here only."""
+    def _lead_once(self, call: _Call) -> bool:
+        """Wait until ``call`` is answered (False) or no pass runs; then take the lead: one pass for every
+        queued call (first come first, up to ``max_texts``), and True. While no pass runs every unanswered
+        call is queued, so the batch is never empty; it may leave out ``call`` itself when those ahead of
+        it fill ``max_texts``: the leader then loops, as waiter or leader again. From the moment a call
+        leaves the queue to its answer, everything is inside one try, so an interrupt anywhere in between
+        (KeyboardInterrupt in the execute thread) still answers the batch and frees the next pass."""
+        batch: list[_Call] = []
         rows: np.ndarray | None = None
         error: BaseException | None = None
+        led = False  # whether this thread marked a pass running (so its answer unmarks it)
         try:
+            with self._cond:
+                while self._running and not call.done:
+                    self._cond.wait()
+                if call.done:
+                    return False
+                n = 0
+                while self._queue and (not batch or n + len(self._queue[0].texts) <= self.config.max_texts):
+                    batch.append(self._queue[0])  # listed before it leaves the queue: never lost between
+                    self._queue.popleft()
+                    n += len(batch[-1].texts)
+                led = True  # before the mark: unmarking a pass not marked is harmless, the reverse wedges
+                self._running = True
             texts = [text for c in batch for text in c.texts]
             rows = np.asarray(self.inner.embed(texts), dtype=np.float32)
             if rows.shape != (len(texts), self.dim):
                 raise ValueError(f"the embedder gave {rows.shape} for {len(texts)} texts of dim {self.dim}")
         except Exception as exc:  # handed to every caller of this pass
             rows, error = None, exc
-        finally:  # on an interrupt too: rows None and no error
-            self._answer(batch, rows, error)
-            error = None  # this frame, which the error's traceback holds, must not hold the error
+        finally:  # on an interrupt too (rows None and no error): the interrupt goes on from here only
+            try:
+                if batch:
+                    self._answer(batch, rows, error, led)
+            finally:
+                error = None  # this frame, which the error's traceback holds, must not hold the error
+        return True
 
-    def _answer(self, batch: list[_Call], rows: np.ndarray | None, error: BaseException | None) -> None:
+    def _answer(
+        self, batch: list[_Call], rows: np.ndarray | None, error: BaseException | None, led: bool = True
+    ) -> None:
         with self._cond:
             try:
                 if rows is None and error is None:
@@ -169,5 +176,6 @@ class CoalescingEmbedder:
                 for c in batch:
                     if not c.done:
                         c.error, c.done = RuntimeError("the embedding pass was interrupted"), True
-                self._running = False
+                if led:
+                    self._running = False
                 self._cond.notify_all()

@@ -3,7 +3,8 @@
 A deterministic request that misses the semantic cache is embedded by its lookup, and again by the
 response writer when its answer is stored a moment later: the same normalised text, the same vector,
 two MiniLM passes, the second competing with the next requests' lookups. The semantic cache keeps the
-last `limit` vectors (384 floats each: 1.5 MB at 1024) and embeds only what it does not hold.
+last `limit` vectors (384 floats each: 1.5 MB at 1024, ~2 MB with their keys) and embeds only what it
+does not hold.
 
 Keyed by tenant and text, never by text alone: a lookup answered without a pass is ~8 ms faster, and a
 tenant must not be able to time whether another tenant just asked the same question (the reason the
@@ -52,6 +53,10 @@ class RecentVectors:
             self.stats.embedded += 1
             while len(self._vectors) > self.limit:
                 self._vectors.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._vectors.clear()
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

@@ -916,6 +916,18 @@ class SemanticResponseCache(RedisCacheBase):
         self._matrices: OrderedDict[str, _TenantMatrix] = OrderedDict()
         self._max_cached_tenants = max_cached_tenants
 
+    @property
+    def embedder(self) -> Embedder:
+        return self._embedder
+
+    @embedder.setter
+    def embedder(self, embedder: Embedder) -> None:
+        """Another embedder (the benchmark swaps them) starts with no recent vectors: they were its
+        predecessor's."""
+        self._embedder = embedder
+        if getattr(self, "recent", None) is not None:
+            self.recent.clear()
+
     def snapshot(self) -> dict[str, int]:
         """The cache's counters and, as ``embed_<name>``, the embedder's when it keeps any (a
         ``CoalescingEmbedder``'s passes and texts: how many lookups each forward pass served)."""

@@ -344,24 +344,38 @@ def test_a_failed_pass_is_freed_with_its_callers_error_without_waiting_for_the_c
         gc.enable()
 
 
-def test_an_interrupt_while_the_callers_are_answered_does_not_wedge_the_next_pass():
-    coalescer = CoalescingEmbedder(FakeEmbedder())
-    code = CoalescingEmbedder._answer.__code__
-    target = code.co_firstlineno + next(
-        i
-        for i, line in enumerate(inspect.getsourcelines(CoalescingEmbedder._answer)[0])
-        if "c.done = True" in line
-    )
+def interrupt_at(function, needle: str):
+    """A trace function that raises KeyboardInterrupt at the first line of `function` holding `needle`:
+    what SIGINT's handler raises in the main thread, at that bytecode."""
+    code = function.__code__
+    lines = inspect.getsourcelines(function)[0]
+    target = code.co_firstlineno + next(i for i, line in enumerate(lines) if needle in line)
 
     def local(frame, event, arg):
         if event == "line" and frame.f_lineno == target:
-            raise KeyboardInterrupt  # what SIGINT's handler raises, at that line
+            raise KeyboardInterrupt
         return local
 
-    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    return lambda frame, event, arg: local if frame.f_code is code else None
+
+
+@pytest.mark.parametrize(
+    "function, needle",
+    [
+        (CoalescingEmbedder._lead_once, "self._queue.popleft()"),  # a call listed, still queued
+        (CoalescingEmbedder._lead_once, "self._running = True"),  # the lead taken, the pass not begun
+        (CoalescingEmbedder._lead_once, "texts = [text"),  # before the pass
+        (CoalescingEmbedder._answer, "c.done = True"),  # while the callers are answered
+    ],
+    ids=["leaving-the-queue", "taking-the-lead", "before-the-pass", "answering"],
+)
+def test_an_interrupt_anywhere_in_the_leaders_bookkeeping_does_not_wedge_the_next_pass(function, needle):
+    coalescer = CoalescingEmbedder(FakeEmbedder())
+    sys.settrace(interrupt_at(function, needle))
     try:
         with pytest.raises(KeyboardInterrupt):
             coalescer.embed(["t1"])
     finally:
         sys.settrace(None)
     assert coalescer.embed(["t2"])[0][0] == 2, "the next caller runs its pass"
+    assert coalescer.waiting == 0

@@ -31,3 +31,10 @@ def test_past_its_limit_the_least_recently_used_vector_goes():
 def test_a_limit_below_one_is_refused():
     with pytest.raises(ValueError, match="limit must be >= 1"):
         RecentVectors(limit=0)
+
+
+def test_clear_forgets_every_vector():
+    recent = RecentVectors(limit=4)
+    recent.put("t", "a", np.zeros(2, dtype=np.float32))
+    recent.clear()
+    assert recent.get("t", "a") is None

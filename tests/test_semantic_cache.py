@@ -78,6 +78,15 @@ def test_a_missed_prompts_store_reuses_its_lookups_embedding_within_its_tenant(r
         assert counted.lookup("what's the capital of france", "t1", GREEDY).answer == " Paris."
     finally:
         counted.close()
+    swapped = SemanticResponseCache(redis_server, cache.fingerprint, embedder)
+    try:
+        assert swapped.lookup(QUESTION, "t3", GREEDY) is None  # no entries: nothing embedded yet
+        swapped._embed("a question", "t3")
+        swapped.embedder = CoalescingEmbedder(embedder)  # another model's vectors must not be reused
+        swapped._embed("a question", "t3")
+        assert swapped.snapshot()["embed_recent_reused"] == 0
+    finally:
+        swapped.close()
     off = SemanticResponseCache(redis_server, cache.fingerprint, embedder, recent_vectors=0)
     try:
         assert off.recent is None and "embed_recent_reused" not in off.snapshot()
