@@ -100,8 +100,8 @@ class EngineConfig:
     semantic_pair_min: float = 0.3  # its cut (bench/results/semantic-cache-cpu.md)
     # threads that run semantic lookups off the execute thread (0: inline). 4, not 2, since their embed
     # calls share MiniLM passes (cache/embed_coalescer.py) and more lookups under way put more texts in a
-    # pass. bench.lookup_offload, CPU, 8 greedy misses at once, 5 runs (the last: lookup-offload-cpu.md):
-    # the burst's last first token at 101-155 ms with 4 threads (~2 texts a pass) against 128-199 with 2 as
+    # pass. bench.lookup_offload, CPU, 8 greedy misses at once, 6 runs (the last: lookup-offload-cpu.md):
+    # the burst's last first token at 101-155 ms with 4 threads (2 texts a pass) against 128-199 with 2 as
     # before, 4 the earlier by 16-52 ms in every run; the median within noise, the sampled request's 0-2
     # ms later. 8 threads ended about as early as 4 and their median came 7-16 ms later (one text alone in
     # the first pass, seven waiting for the second); 8 without coalescing was no better than 2.
