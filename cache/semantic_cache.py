@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from cache.embed_memo import RecentVectors
+from cache.key_directory import MAX_TRIM_PER_WRITE
 from cache.circuit_breaker import CircuitBreaker
 from cache.response_cache import (
     RedisCacheBase,
@@ -102,8 +103,9 @@ _STORE_SCRIPT = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-local victims = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[7])
-local excess = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[6])
+local cap = tonumber(ARGV[8])
+local victims = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[7], 'LIMIT', 0, cap)
+local excess = math.min(redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[6]), cap)
 if excess > 0 then
   for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, excess - 1)) do table.insert(victims, id) end
 end
@@ -1007,6 +1009,7 @@ class SemanticResponseCache(RedisCacheBase):
                     self.ttl_s,
                     self.max_entries,
                     created - self.ttl_s,
+                    MAX_TRIM_PER_WRITE,
                 ],
             )
         except self._redis_errors as exc:

@@ -95,6 +95,7 @@ class EngineConfig:
     exact_tenant_max_entries: int = 0  # the most exact answers one tenant keeps in Redis (0: no quota)
     semantic_cache: bool = False
     semantic_threshold: float = 0.84
+    semantic_tenant_max_entries: int = 10000  # per tenant: its lookup compares every entry's vector
     semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json
     semantic_pair_check: bool = True  # every would-be hit also passes cache/pair_classifier.safetensors
     semantic_pair_min: float = 0.3  # its cut (bench/results/semantic-cache-cpu.md)
@@ -165,6 +166,10 @@ class EngineConfig:
         if self.semantic_lookup_threads < 0:
             raise ValueError(
                 f"semantic_lookup_threads must be >= 0 (0: inline), got {self.semantic_lookup_threads}"
+            )
+        if self.semantic_tenant_max_entries < 1:
+            raise ValueError(
+                f"semantic_tenant_max_entries must be >= 1, got {self.semantic_tenant_max_entries}"
             )
         if self.exact_tenant_max_entries < 0:
             raise ValueError(

@@ -219,6 +219,7 @@ def build_response_tier(
                 fingerprint,
                 embedder,
                 threshold=config.semantic_threshold,
+                max_entries_per_tenant=config.semantic_tenant_max_entries,
                 verifier="default" if config.semantic_verifier else None,
                 pair_check=pair_check(config),
             )

@@ -131,6 +131,8 @@ def test_the_config_rejects_a_malformed_size_and_negative_counts(tmp_path):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "exact_tenant_max_entries": "-1"})
     exact = EngineConfig.from_parameters({"model_dir": str(tmp_path), "exact_tenant_max_entries": "300"})
     assert exact.exact_tenant_max_entries == 300
+    with pytest.raises(ValueError, match="semantic_tenant_max_entries must be >= 1"):
+        EngineConfig.from_parameters({"model_dir": str(tmp_path), "semantic_tenant_max_entries": "0"})
     with pytest.raises(ValueError, match="semantic_lookup_threads must be >= 0"):
         EngineConfig.from_parameters({"model_dir": str(tmp_path), "semantic_lookup_threads": "-1"})
 

@@ -419,6 +419,26 @@ def test_max_entries_per_tenant_evicts_oldest(redis_server, embedder):
     assert c.lookup(QUESTION, "t", GREEDY) is None
 
 
+def test_a_lowered_bound_is_reached_over_several_stores_not_in_one_script(redis_server, embedder):
+    from cache.key_directory import MAX_TRIM_PER_WRITE
+
+    fingerprint, vec = f"fp-{uuid.uuid4().hex[:8]}", embedder.embed([QUESTION])[0]
+    wide = SemanticResponseCache(redis_server, fingerprint, embedder, max_entries_per_tenant=1000)
+    narrow = SemanticResponseCache(redis_server, fingerprint, embedder, max_entries_per_tenant=10)
+    try:
+        for i in range(600):
+            assert wide.store(f"question {i}?", "t", GREEDY, "a", embedding=vec)
+        held = []
+        for i in range(3):
+            assert narrow.store(f"new question {i}?", "t", GREEDY, "b", embedding=vec)
+            held.append(narrow.client.hlen(narrow._keys("t")[1]))
+        assert held == [601 - MAX_TRIM_PER_WRITE, 602 - 2 * MAX_TRIM_PER_WRITE, 10]
+        assert narrow.snapshot()["evictions"] == 603 - 10
+    finally:
+        wide.close()
+        narrow.close()
+
+
 def test_dead_redis_returns_no_hit_quickly(embedder):
     c = SemanticResponseCache(f"redis://localhost:{find_free_port()}/0", "fp", embedder, timeout_s=0.05)
     vec = embedder.embed([QUESTION])[0]
