@@ -5,7 +5,9 @@ enough to become it: with a server secret (`LLM_TENANT_SECRET`, the same on ever
 a request that names a tenant other than `default` must carry that tenant's token, an HMAC-SHA256 of
 the name under the secret, which the operator issues (`python -m client tenant-token NAME`) and the
 client cannot compute. Both the scheduler step and the engine check it: Triton serves `llm_engine`
-directly too. `default` needs no token: it is the shared tenant of unauthenticated traffic.
+directly too. `default` needs no token: it is the shared tenant of unauthenticated traffic, unless
+`LLM_TENANT_ANONYMOUS=false`, which refuses requests without a token (a deployment whose every client
+is a tenant of its own must not let anonymous traffic share one tenant's caches).
 
 Tokens may expire: `tenant-token NAME --ttl 30d` (the default) signs the tenant with an expiry time, and
 the server refuses the token after it; `--ttl never` issues the old kind, which only a new secret
@@ -38,6 +40,7 @@ from scheduler.validation import DEFAULT_TENANT
 SECRET_ENV = "LLM_TENANT_SECRET"
 PREVIOUS_SECRET_ENV = "LLM_TENANT_SECRET_PREVIOUS"  # still accepted while tokens are reissued
 REQUIRE_EXPIRY_ENV = "LLM_TENANT_TOKEN_REQUIRE_EXPIRY"
+ANONYMOUS_ENV = "LLM_TENANT_ANONYMOUS"  # false: every request needs a token, `default`'s included
 _CONTEXT = b"llm-tenant-token-v1\0"  # a token is good for this use only
 _CONTEXT_EXPIRING = b"llm-tenant-token-v2\0"
 TOOL_TOKEN_TTL_S = 24 * 3600  # what operator tools (warmup job, load generator) sign for themselves
@@ -105,9 +108,11 @@ def token_from_env(
     return tenant_token(secret, tenant, expires_at)
 
 
-def _flag(environ: Mapping[str, str], name: str) -> bool:
+def _flag(environ: Mapping[str, str], name: str, default: bool = False) -> bool:
     value = environ.get(name, "").strip().lower()
-    if value in ("", "0", "false", "no"):
+    if not value:
+        return default
+    if value in ("0", "false", "no"):
         return False
     if value in ("1", "true", "yes"):
         return True
@@ -119,6 +124,7 @@ class TenantAuth:
     secret: bytes | None = None
     previous: bytes | None = None  # the secret before a rotation: its tokens still pass
     require_expiry: bool = False  # refuse tokens without an expiry
+    anonymous: bool = True  # `default` without a token (at unrestricted tiers); False: every request signed
     clock: Callable[[], float] = field(default=time.time, compare=False)
 
     @classmethod
@@ -127,9 +133,11 @@ class TenantAuth:
         that is not true or false): a server must not start half-authenticating."""
         value, previous = environ.get(SECRET_ENV, ""), environ.get(PREVIOUS_SECRET_ENV, "")
         require_expiry = _flag(environ, REQUIRE_EXPIRY_ENV)
+        anonymous = _flag(environ, ANONYMOUS_ENV, default=True)
         for name, needs_secret in (
             (PREVIOUS_SECRET_ENV, bool(previous)),
             (REQUIRE_EXPIRY_ENV, require_expiry),
+            (ANONYMOUS_ENV, not anonymous),
         ):
             if needs_secret and not value:
                 raise ValueError(f"{name} is set but {SECRET_ENV} is not: tenants would be taken as named")
@@ -137,6 +145,7 @@ class TenantAuth:
             value.encode("utf-8") if value else None,
             previous.encode("utf-8") if previous else None,
             require_expiry,
+            anonymous,
         )
 
     @property
@@ -146,7 +155,8 @@ class TenantAuth:
     def check(self, tenant: str, token: str | bytes | None, tier: Tier | None = None) -> str:
         """The verified token ("" when none is needed); RequestError (INVALID_ARG) unless the request
         may act as `tenant` at `tier`. A restricted tier needs a token, `default`'s included: anonymous
-        traffic may not jump the queue or, at the warmup tier, write the caches at once."""
+        traffic may not jump the queue or, at the warmup tier, write the caches at once. `tier` None: the
+        engine's own requests (its warmup, Triton's warmup samples), never refused for lacking one."""
         if self.secret is None:
             return ""
         if isinstance(token, bytes):
@@ -154,6 +164,12 @@ class TenantAuth:
         if not isinstance(token, (str, type(None))):  # a request parameter may be an int or a bool
             raise RequestError.invalid(f"tenant_token must be a string, got {type(token).__name__}")
         if tenant == DEFAULT_TENANT and not token:
+            if tier is not None and not self.anonymous:
+                raise RequestError.invalid(
+                    f"this server refuses requests without a tenant_token ({ANONYMOUS_ENV}=false): name "
+                    "your tenant and send its token (the operator issues it with `python -m client "
+                    "tenant-token NAME`)"
+                )
             if tier is not None and tier.restricted:
                 raise RequestError.invalid(
                     f"slo_tier {tier.name!r} is restricted to clients with a tenant_token (for 'default' too:"

@@ -162,13 +162,14 @@ def test_servers_and_the_warmup_job_read_one_tenant_secret(server) -> None:
 def test_every_llm_setting_the_servers_get_is_one_the_repository_reads() -> None:
     """A misspelt variable in compose or the k8s Deployment would be ignored without a word: each LLM_*
     they set must be read by a model's config.pbtxt (`${LLM_...}`) or by the tenant check."""
-    from scheduler.tenant_auth import PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV, SECRET_ENV
+    from scheduler.tenant_auth import ANONYMOUS_ENV, PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV, SECRET_ENV
 
     configs = "".join(p.read_text() for p in (REPO_ROOT / "model_repository").glob("*/config.pbtxt"))
     read = set(re.findall(r"\$\{(LLM_[A-Z0-9_]+)", configs)) | {
         SECRET_ENV,
         PREVIOUS_SECRET_ENV,
         REQUIRE_EXPIRY_ENV,
+        ANONYMOUS_ENV,
     }
     docker = REPO_ROOT / "docker"
     compose = yaml.safe_load((docker / "compose.yaml").read_text())["services"]["triton"]["environment"]

@@ -19,6 +19,7 @@ from client.generate import input_arrays
 from scheduler.errors import RequestError
 from scheduler.step import SchedulerStep
 from scheduler.tenant_auth import (
+    ANONYMOUS_ENV,
     PREVIOUS_SECRET_ENV,
     REQUIRE_EXPIRY_ENV,
     SECRET_ENV,
@@ -175,9 +176,29 @@ def test_a_rotated_secret_keeps_its_tokens_until_it_is_dropped():
         rotated.check("acme", old)
 
 
+def test_a_server_may_refuse_anonymous_requests_but_not_its_own():
+    auth = TenantAuth.from_env({SECRET_ENV: SECRET.decode(), ANONYMOUS_ENV: "false"})
+    with pytest.raises(RequestError) as info:
+        prepare(step(auth), None)  # no tenant named: `default`, without a token
+    assert ANONYMOUS_ENV in info.value.message and "tenant_token" in info.value.message
+    signed = token_from_env("default", {SECRET_ENV: SECRET.decode()})
+    assert prepare(step(auth), None, signed).params.tenant == "default"  # default's own token passes
+    acme = tenant_token(SECRET, "acme", 4_000_000_000)
+    assert prepare(step(auth), "acme", acme).params.tenant == "acme"
+    assert auth.check("default", None, None) == ""  # the engine's warmup (tier None) is its own
+    allowing = TenantAuth.from_env({SECRET_ENV: SECRET.decode()})
+    assert allowing.anonymous and prepare(step(allowing), None).params.tenant == "default"
+
+
 @pytest.mark.parametrize(
     "environ",
-    [{PREVIOUS_SECRET_ENV: "old"}, {SECRET_ENV: "s", REQUIRE_EXPIRY_ENV: "maybe"}, {REQUIRE_EXPIRY_ENV: "1"}],
+    [
+        {PREVIOUS_SECRET_ENV: "old"},
+        {SECRET_ENV: "s", REQUIRE_EXPIRY_ENV: "maybe"},
+        {REQUIRE_EXPIRY_ENV: "1"},
+        {ANONYMOUS_ENV: "false"},  # refusing anonymous traffic with nothing to sign tokens
+        {SECRET_ENV: "s", ANONYMOUS_ENV: "sometimes"},
+    ],
 )
 def test_settings_that_make_no_sense_refuse_to_start(environ):
     with pytest.raises(ValueError):
@@ -318,7 +339,7 @@ def test_the_compose_and_k8s_servers_get_the_rotation_settings():
     every live token."""
     root = Path(__file__).resolve().parents[1] / "docker"
     env = yaml.safe_load((root / "compose.yaml").read_text())["services"]["triton"]["environment"]
-    assert {SECRET_ENV, PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV} <= set(env)
+    assert {SECRET_ENV, PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV, ANONYMOUS_ENV} <= set(env)
     (deployment,) = [
         d
         for d in yaml.safe_load_all((root / "k8s" / "server.yaml").read_text())
@@ -327,7 +348,7 @@ def test_the_compose_and_k8s_servers_get_the_rotation_settings():
     names = {
         e["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])
     }
-    assert {SECRET_ENV, PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV} <= names
+    assert {SECRET_ENV, PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV, ANONYMOUS_ENV} <= names
 
 
 def test_generate_takes_a_tenant_token_on_the_command_line():
