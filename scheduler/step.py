@@ -44,14 +44,18 @@ class SchedulerStep:
         now_ns: int,
         cache: str | bytes | None = None,
         tenant_token: str | bytes | None = None,
+        own: bool = False,
     ) -> PreparedRequest:
         """Raises RequestError (INVALID_ARG) naming what was wrong and what is allowed. The tenant is
         checked before the prompt is tokenized: the tokenizer's prefix cache is kept by tenant, and a
-        request that claims another tenant's name must not learn from its timing what that tenant sent."""
+        request that claims another tenant's name must not learn from its timing what that tenant sent.
+        `own`: the step's warmup requests (its own and Triton's samples), which need no token for
+        `default` (a named tenant's is checked all the same)."""
         prompt = validate_prompt(text)
         tenant_name = validate_tenant(tenant)
         tier_of_request = self.tiers.get(validate_tier(tier, self.tiers))
-        token = self.tenant_auth.check(tenant_name, tenant_token, tier_of_request)  # engine: again
+        # the engine checks it again: Triton serves llm_engine directly too
+        token = self.tenant_auth.check(tenant_name, tenant_token, None if own else tier_of_request)
         ids = self.encode(prompt, tenant_name)
         params = build_request(
             text,

@@ -1,5 +1,6 @@
 """Triton adapter for scheduler.step: BYTES tensors in, token ids and engine parameters out."""
 
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -10,7 +11,7 @@ from tokenizers import Tokenizer
 
 from adapters.scheduler_metrics import PrefixTokenizerMetrics
 from cache.fingerprint import model_max_len, serving_fingerprint
-from engine.config import parse_bool
+from engine.config import parse_bool, triton_warmup_requests
 from adapters.triton_common import (
     error_response,
     log_event,
@@ -54,6 +55,9 @@ class TritonPythonModel:
         self._reported_off = False
         self.tokenizer_metrics = PrefixTokenizerMetrics(args["model_name"])
         self.drain = DrainSwitch(params["drain_file"]) if params.get("drain_file") else None
+        # Triton's model_warmup samples come after initialize() and before READY: nothing else can reach
+        # the model first. They carry no tenant token, and are exempt as the engine's own are.
+        self.triton_warmup_left = triton_warmup_requests(json.loads(args["model_config"]))
         self.step = SchedulerStep(
             encode=self.encoder,
             limits=Limits(
@@ -83,7 +87,10 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        responses = [self._one(request) for request in requests]
+        responses = []
+        for request in requests:
+            own, self.triton_warmup_left = self.triton_warmup_left > 0, max(0, self.triton_warmup_left - 1)
+            responses.append(self._one(request, own=own))
         self.tokenizer_metrics.publish(self.encoder.stats)
         if not self.encoder.enabled and not self._reported_off:
             self._reported_off = True
@@ -91,7 +98,7 @@ class TritonPythonModel:
             log_event("prefix_tokenizer_off", reason=reason, **asdict(self.encoder.stats))
         return responses
 
-    def _one(self, request, local=False):
+    def _one(self, request, local=False, own=False):
         try:
             if self.drain is not None and not local:
                 self.drain.admit()
@@ -106,6 +113,7 @@ class TritonPythonModel:
                 now_ns=time.time_ns(),
                 cache=_input_or_parameter(request, extra, "cache"),
                 tenant_token=_input_or_parameter(request, extra, "tenant_token"),
+                own=own or local,
             )
         except Exception as exc:  # every failure becomes this request's error, never the server's
             return error_response(exc)
