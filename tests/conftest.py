@@ -33,7 +33,15 @@ from client.metrics import parse_metrics, scrape_metrics  # noqa: E402  (re-expo
 # mode pass TenantAuth() or an environment without it.
 TENANT_SECRET = os.environ.setdefault("LLM_TENANT_SECRET", "ci-tenant-secret")
 
-__all__ = ["parse_metrics", "scrape_metrics", "wait_for"]
+__all__ = ["parse_metrics", "scrape_metrics", "wait_for", "warm_stack"]
+
+
+def warm_stack(run_dir: Path, **extra_env: str):
+    """A stack of its own (Redis and tritonserver, warmed) with `extra_env` set for the servers: a
+    context manager, for module fixtures of tests that need another configuration."""
+    from deploy.launch import StackOptions, start_stack
+
+    return start_stack(StackOptions(run_dir=run_dir, model_dir=MODEL_DIR, warmup=True, extra_env=extra_env))
 
 
 def pytest_collection_modifyitems(config, items):

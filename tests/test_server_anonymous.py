@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from client.generate import GenerationError, generate
-from deploy.launch import StackOptions, start_stack
 from scheduler.tenant_auth import ANONYMOUS_ENV, token_from_env
-from tests.conftest import MODEL_DIR
+from tests.conftest import warm_stack
 from tests.test_server_serving import engine_tokens
 
 SAMPLING = {"max_tokens": 4, "ignore_eos": True}
@@ -18,13 +17,7 @@ SAMPLING = {"max_tokens": 4, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def signed_only_stack(tmp_path_factory):
-    options = StackOptions(
-        run_dir=tmp_path_factory.mktemp("signed-only"),
-        model_dir=MODEL_DIR,
-        warmup=True,
-        extra_env={ANONYMOUS_ENV: "false"},
-    )
-    with start_stack(options) as stack:
+    with warm_stack(tmp_path_factory.mktemp("signed-only"), **{ANONYMOUS_ENV: "false"}) as stack:
         yield stack
 
 

@@ -8,21 +8,14 @@ import pytest
 
 from client.generate import generate
 from client.metrics import metric_total, scrape_metrics
-from deploy.launch import StackOptions, start_stack
-from tests.conftest import MODEL_DIR
+from tests.conftest import warm_stack
 
 GREEDY = {"max_tokens": 10, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def semantic_stack(tmp_path_factory):
-    options = StackOptions(
-        run_dir=tmp_path_factory.mktemp("semantic"),
-        model_dir=MODEL_DIR,
-        warmup=True,
-        extra_env={"LLM_SEMANTIC_CACHE": "true"},
-    )
-    with start_stack(options) as stack:
+    with warm_stack(tmp_path_factory.mktemp("semantic"), LLM_SEMANTIC_CACHE="true") as stack:
         yield stack
 
 
