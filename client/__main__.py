@@ -26,6 +26,7 @@ from client.prime import PrimeConfig, prime, prime_once
 from scheduler.errors import RequestError
 from scheduler.messages import CACHE_MODES
 from scheduler.tenant_auth import (
+    ANONYMOUS_ENV,
     DEFAULT_TENANT,
     DEFAULT_TOKEN_TTL,
     SECRET_ENV,
@@ -188,8 +189,8 @@ def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 2
     if tenant == DEFAULT_TENANT:
         print(
-            f"note: {DEFAULT_TENANT!r} is the shared tenant: its token is needed only for restricted tiers "
-            "(scheduler/tiers.yaml)",
+            f"note: {DEFAULT_TENANT!r} is the shared tenant: its token is needed for restricted tiers "
+            f"(scheduler/tiers.yaml), and for every request on servers with {ANONYMOUS_ENV}=false",
             file=err,
         )
     expires_at = None if args.ttl is None else int(time.time()) + args.ttl

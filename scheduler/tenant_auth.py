@@ -156,7 +156,8 @@ class TenantAuth:
         """The verified token ("" when none is needed); RequestError (INVALID_ARG) unless the request
         may act as `tenant` at `tier`. A restricted tier needs a token, `default`'s included: anonymous
         traffic may not jump the queue or, at the warmup tier, write the caches at once. `tier` None: the
-        engine's own requests (its warmup, Triton's warmup samples), never refused for lacking one."""
+        steps' own requests (the engine's warmup, the scheduler step's self-warmup, Triton's warmup
+        samples to either), never refused for lacking one."""
         if self.secret is None:
             return ""
         if isinstance(token, bytes):

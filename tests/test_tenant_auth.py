@@ -305,6 +305,7 @@ def test_the_tenant_token_command(monkeypatch):
     assert client_main(["tenant-token", "a b"], io.StringIO(), err) == 2
     out, err = io.StringIO(), io.StringIO()
     assert client_main(["tenant-token", "default"], out, err) == 0 and "restricted tiers" in err.getvalue()
+    assert f"every request on servers with {ANONYMOUS_ENV}=false" in err.getvalue()
     assert TenantAuth(SECRET).check("default", out.getvalue().strip()) == out.getvalue().strip()
 
 
