@@ -107,7 +107,7 @@ def write_announced(
     if values and index is not None:
         top, start = time.time() + ttl_s, 0
         if trims and head:
-            queue_renewal(pipe, index, head, ttl_s, top)
+            renew_listed(pipe, index, head, ttl_s, top)
             start = len(head)
         pipe.zadd(index, {name: top - (start + i) * CHAIN_SCORE_STEP for i, name in enumerate(names)})
         pipe.zremrangebyscore(index, "-inf", top - ttl_s - INDEX_CLOCK_MARGIN_S)
@@ -149,11 +149,12 @@ return listed and 1 or 0
 """
 
 
-def queue_renewal(pipe: Any, index: str, names: Sequence[str], ttl_s: int, top: float | None = None) -> None:
-    """Queue on `pipe` (one EVAL): the names `index` lists get a score as if written now, in chain order
-    (the first highest), never lower than they had, and they and the index a fresh TTL."""
+def renew_listed(target: Any, index: str, names: Sequence[str], ttl_s: int, top: float | None = None) -> None:
+    """One EVAL: the names `index` lists get a score as if written now, in chain order (the first
+    highest), never lower than they had, and they and the index a fresh TTL. `target`: a pipeline, which
+    queues it, or a client, which sends it at once (one round trip; a Redis error raises)."""
     top = time.time() + ttl_s if top is None else top
-    pipe.eval(_RENEW, 1, index, int(ttl_s), repr(float(top)), repr(CHAIN_SCORE_STEP), *names)
+    target.eval(_RENEW, 1, index, int(ttl_s), repr(float(top)), repr(CHAIN_SCORE_STEP), *names)
 
 
 def _glob_escaped(text: str) -> str:

@@ -26,7 +26,7 @@ import torch
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
-from cache.key_directory import KeyDirectory, Written, queue_renewal, write_announced
+from cache.key_directory import KeyDirectory, Written, renew_listed, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 from cache.response_cache import redis_ttl, tenant_tag
 
@@ -225,11 +225,7 @@ class RedisKVStore:
         names = [self.redis_key(k) for k in keys]
 
         def op() -> bool:
-            pipe = self.client.pipeline(transaction=False)
-            queue_renewal(pipe, self.tenant_index(tenant), names, self.ttl_s)
-            (reply,) = pipe.execute(raise_on_error=False)
-            if isinstance(reply, Exception):
-                raise reply
+            renew_listed(self.client, self.tenant_index(tenant), names, self.ttl_s)
             return True
 
         renewed = self._call(op, write=True)

@@ -39,7 +39,7 @@ from typing import Any
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
-from cache.key_directory import KeyDirectory, queue_renewal, write_announced
+from cache.key_directory import KeyDirectory, renew_listed, write_announced
 from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 1
@@ -393,11 +393,7 @@ class ExactResponseCache(RedisCacheBase):
         if not self.tenant_max_entries or not keys or not self._may_write():
             return False
         try:
-            pipe = self.client.pipeline(transaction=False)
-            queue_renewal(pipe, self.tenant_index(tenant), list(keys), self.ttl_s)
-            (reply,) = pipe.execute(raise_on_error=False)
-            if isinstance(reply, Exception):
-                raise reply
+            renew_listed(self.client, self.tenant_index(tenant), list(keys), self.ttl_s)
         except self._redis_errors as exc:
             self._write_failed(exc)
             return False
