@@ -927,7 +927,7 @@ class SemanticResponseCache(RedisCacheBase):
         """Another embedder (the benchmark swaps them) starts with no recent vectors: they were its
         predecessor's."""
         self._embedder = embedder
-        if getattr(self, "recent", None) is not None:
+        if self.recent is not None:
             self.recent.clear()
 
     def snapshot(self) -> dict[str, int]:

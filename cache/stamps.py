@@ -9,7 +9,7 @@ Not locked: its owners already hold a lock around it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -28,6 +28,11 @@ class Stamps(Generic[K]):
     def get(self, key: K, default: float) -> float:
         return self._when.get(key, default)
 
+    def stale(self, keys: Sequence[K], before: float) -> list[int]:
+        """Positions of the keys not marked after `before` (never marked, forgotten, or marked then)."""
+        when = self._when.get
+        return [i for i, key in enumerate(keys) if when(key, before) <= before]
+
     def stamp(self, keys: Iterable[K], now: float) -> None:
         """`keys` marked `now`, most recent last; past `limit` the oldest marks go."""
         for key in keys:
@@ -39,9 +44,8 @@ class Stamps(Generic[K]):
     def pop(self, key: K) -> None:
         self._when.pop(key, None)
 
-    def due(self, keys: Iterable[K], now: float, every_s: float) -> list[K]:
+    def due(self, keys: Sequence[K], now: float, every_s: float) -> list[K]:
         """The keys not marked within the last `every_s`, now marked: what a throttle lets through."""
-        due_before = now - every_s
-        out = [key for key in keys if self._when.get(key, due_before) <= due_before]
+        out = [keys[i] for i in self.stale(keys, now - every_s)]
         self.stamp(out, now)
         return out

@@ -66,7 +66,6 @@ class L3Tier:
     ):
         self.store = store
         self.ttl_s = ttl_s
-        self.known_limit = known_limit
         self.clock = clock
         self._known: Stamps[bytes] = Stamps(known_limit)  # key -> when Redis was seen holding it
         self.renew_every_s = renew_every_s
@@ -207,7 +206,7 @@ class L3Tier:
         due_before = now - self.renew_every_s
         with self._lock:
             # the keys up to the last one due, not only those due: a renewed tail must not outrank its head
-            due_at = [i for i, key in enumerate(keys) if self._renewed.get(key, due_before) <= due_before]
+            due_at = self._renewed.stale(keys, due_before)
             due = keys[: due_at[-1] + 1] if due_at else []
             self._renewed.stamp(due, now)
         if due:
@@ -236,7 +235,7 @@ class L3Tier:
         lookup, so one lock and one clock read for the whole chain."""
         fresh_after = self.clock() - self.ttl_s / 2
         with self._lock:
-            return [i for i, key in enumerate(keys) if self._known.get(key, fresh_after) <= fresh_after]
+            return self._known.stale(keys, fresh_after)
 
     def _forget(self, keys: list[bytes]) -> None:
         with self._lock:
