@@ -53,6 +53,17 @@ def _parse_int_list(key: str, value: str) -> tuple[int, ...]:
     return items
 
 
+# (parameter, least value, what the least means): checked by `EngineConfig.validate`
+MINIMUMS = (
+    ("semantic_lookup_threads", 0, " (0: inline)"),
+    ("semantic_tenant_max_entries", 1, ""),
+    ("exact_tenant_max_entries", 0, " (0: no quota)"),
+    ("l3_tenant_max_blocks", 0, " (0: no quota)"),
+    ("l3_explore_s", 0, " (0: never explore)"),
+    ("prefix_block_size", 1, " token"),
+)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs; `from_parameters` names the config.pbtxt keys (same as fields)."""
@@ -163,26 +174,9 @@ class EngineConfig:
             raise ValueError("max_batch_size must be >= 1 and max_seq_len >= 2")
         if self.prefix_cache_blocks < 0 or self.l2_cache_blocks < 0:
             raise ValueError("prefix_cache_blocks and l2_cache_blocks must be >= 0 (0: that tier is off)")
-        if self.semantic_lookup_threads < 0:
-            raise ValueError(
-                f"semantic_lookup_threads must be >= 0 (0: inline), got {self.semantic_lookup_threads}"
-            )
-        if self.semantic_tenant_max_entries < 1:
-            raise ValueError(
-                f"semantic_tenant_max_entries must be >= 1, got {self.semantic_tenant_max_entries}"
-            )
-        if self.exact_tenant_max_entries < 0:
-            raise ValueError(
-                f"exact_tenant_max_entries must be >= 0 (0: no quota), got {self.exact_tenant_max_entries}"
-            )
-        if self.l3_tenant_max_blocks < 0:
-            raise ValueError(
-                f"l3_tenant_max_blocks must be >= 0 (0: no quota), got {self.l3_tenant_max_blocks}"
-            )
-        if self.l3_explore_s < 0:
-            raise ValueError(f"l3_explore_s must be >= 0 (0: never explore), got {self.l3_explore_s}")
-        if self.prefix_block_size < 1:
-            raise ValueError(f"prefix_block_size must be >= 1 token, got {self.prefix_block_size}")
+        for name, least, meaning in MINIMUMS:
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}{meaning}, got {getattr(self, name)}")
         if not 0.0 < self.semantic_threshold <= 1.0:
             raise ValueError(f"semantic_threshold is a cosine in (0, 1], got {self.semantic_threshold}")
         if not 0.0 <= self.semantic_pair_min <= 1.0:
