@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
-from engine.config import expand_env
+from engine.config import expand_env, triton_warmup_requests
 from engine.gc_settle import settle_garbage_collector
 from scheduler.errors import RequestError
 
@@ -74,3 +74,16 @@ def warm_handler(handler, model_name: str, inputs: dict, rounds: int = 3) -> flo
             raise RuntimeError(f"self-warmup of {model_name} failed: {response.error().message()}")
     settle_garbage_collector()
     return time.perf_counter() - started
+
+
+class TritonWarmupSamples:
+    """Triton's `model_warmup` samples arrive after initialize() and before READY, so nothing else can
+    reach the model first: its first requests are them, the model's own (no tenant token needed)."""
+
+    def __init__(self, model_config: dict):
+        self.left = triton_warmup_requests(model_config)
+
+    def next_is_own(self) -> bool:
+        """Whether the request now arriving is one of the samples."""
+        own, self.left = self.left > 0, max(0, self.left - 1)
+        return own

@@ -11,10 +11,10 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from adapters.engine_metrics import TritonEngineObserver
 from adapters.stub_messages import serialized, serialized_log
-from adapters.triton_common import log_event, model_parameters, triton_error
+from adapters.triton_common import TritonWarmupSamples, log_event, model_parameters, triton_error
 from engine.cancel_mailbox import CancelMailbox, request_keys
 from engine.cancel_poll import ENGINE_CANCEL_POLL_S, PollSchedule, ThrottledCancelCheck
-from engine.config import EngineConfig, triton_warmup_requests
+from engine.config import EngineConfig
 from engine.loader import load_engine
 from engine.requests import EngineRequest
 from scheduler.errors import RequestError
@@ -90,7 +90,7 @@ class TritonPythonModel:
         mailbox = CancelMailbox(self.config.cancel_dir)
         mailbox.open_inbox(self.namespace)
         self.keys = request_keys()
-        self.triton_warmup_left = triton_warmup_requests(json.loads(args["model_config"]))
+        self.triton_warmup = TritonWarmupSamples(json.loads(args["model_config"]))
         loaded = load_engine(
             self.config,
             observer,
@@ -112,7 +112,7 @@ class TritonPythonModel:
         for request in requests:
             key = next(self.keys)
             sink = TritonSink(request, [self.namespace, key], self.messages)
-            own, self.triton_warmup_left = self.triton_warmup_left > 0, max(0, self.triton_warmup_left - 1)
+            own = self.triton_warmup.next_is_own()
             try:
                 params = EngineRequestParams.from_bytes(bytes(_input(request, "request_params").tolist()))
                 self.engine.submit(

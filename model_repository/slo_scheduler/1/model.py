@@ -11,8 +11,9 @@ from tokenizers import Tokenizer
 
 from adapters.scheduler_metrics import PrefixTokenizerMetrics
 from cache.fingerprint import model_max_len, serving_fingerprint
-from engine.config import parse_bool, triton_warmup_requests
+from engine.config import parse_bool
 from adapters.triton_common import (
+    TritonWarmupSamples,
     error_response,
     log_event,
     model_parameters,
@@ -55,9 +56,7 @@ class TritonPythonModel:
         self._reported_off = False
         self.tokenizer_metrics = PrefixTokenizerMetrics(args["model_name"])
         self.drain = DrainSwitch(params["drain_file"]) if params.get("drain_file") else None
-        # Triton's model_warmup samples come after initialize() and before READY: nothing else can reach
-        # the model first. They carry no tenant token, and are exempt as the engine's own are.
-        self.triton_warmup_left = triton_warmup_requests(json.loads(args["model_config"]))
+        self.triton_warmup = TritonWarmupSamples(json.loads(args["model_config"]))
         self.step = SchedulerStep(
             encode=self.encoder,
             limits=Limits(
@@ -87,10 +86,7 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            own, self.triton_warmup_left = self.triton_warmup_left > 0, max(0, self.triton_warmup_left - 1)
-            responses.append(self._one(request, own=own))
+        responses = [self._one(request, own=self.triton_warmup.next_is_own()) for request in requests]
         self.tokenizer_metrics.publish(self.encoder.stats)
         if not self.encoder.enabled and not self._reported_off:
             self._reported_off = True
