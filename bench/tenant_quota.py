@@ -72,7 +72,7 @@ class KVTarget:
     unit, per_entry = "blocks", CHAIN
 
     def __init__(self, url: str, quota: int):
-        self.store = RedisKVStore(url, "llm:kv:v1:bench-quota", timeout_s=1.0, tenant_max_blocks=quota)
+        self.store = RedisKVStore(url, "llm:kv:v2:bench-quota", timeout_s=1.0, tenant_max_blocks=quota)
         self.blocks = [block(i) for i in range(CHAIN)]
 
     def write(self, tenant: str, n: int) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cache.wrong_type import is_wrong_type
+
 ANNOUNCE_SEPARATOR = "\n"
 
 
@@ -73,6 +75,7 @@ class Written:
     stored: list[bool]  # whether each SET took
     evicted: list[str]  # names the index's limit deleted (its owner's oldest, maybe some just written)
     trim_error: str | None = None  # the quota's script failed (the SETs took; nothing was announced)
+    repaired_index: bool = False  # the index held another type: deleted, and the names listed afresh
 
 
 def write_announced(
@@ -96,7 +99,8 @@ def write_announced(
     quota, the names the written ones continue (a chain's earlier blocks, written before): those the index
     lists get their score and TTL renewed above the new names', so a head that newer chains keep extending is
     trimmed after them, not first (a lookup stops at the first missing block: a tail without its head is
-    never read)."""
+    never read). An index that holds another type (WRONGTYPE) would list nothing again, for as long as
+    its owner writes: it is deleted and the names listed afresh, in a second round trip."""
     pipe = client.pipeline(transaction=False)
     for name, value in values:
         pipe.set(name, value, ex=ttl_s)
@@ -105,35 +109,66 @@ def write_announced(
     if values and not trims:
         pipe.publish(announce_channel(namespace), ANNOUNCE_SEPARATOR.join(names))
     if values and index is not None:
-        top, start = time.time() + ttl_s, 0
-        if trims and head:
-            renew_listed(pipe, index, head, ttl_s, top)
-            start = len(head)
-        pipe.zadd(index, {name: top - (start + i) * CHAIN_SCORE_STEP for i, name in enumerate(names)})
-        pipe.zremrangebyscore(index, "-inf", top - ttl_s - INDEX_CLOCK_MARGIN_S)
-        pipe.expire(index, ttl_s)
-        if trims:
-            channel = announce_channel(namespace)
-            cap = MAX_TRIM_PER_WRITE + len(names)
-            pipe.eval(_TRIM_AND_ANNOUNCE, 1, index, index_limit, cap, channel, ANNOUNCE_SEPARATOR, *names)
+        _queue_index(pipe, namespace, names, ttl_s, index, index_limit if trims else 0, head)
     replies = pipe.execute(raise_on_error=False)
     for reply in replies[: len(values)]:
         if isinstance(reply, Exception):
             raise reply
+    stored = [bool(reply) for reply in replies[: len(values)]]
+    index_replies = replies[len(values) :] if index is not None else []
+    # the head's renewal goes first and drops a bad index itself; otherwise ZADD meets it (WRONGTYPE)
+    repaired = bool(trims and head) and index_replies[0] == INDEX_DROPPED
+    if any(isinstance(reply, Exception) and is_wrong_type(reply) for reply in index_replies):
+        pipe = client.pipeline(transaction=False)
+        pipe.eval(_DROP_UNLESS_SORTED_SET, 1, index)
+        _queue_index(pipe, namespace, names, ttl_s, index, index_limit if trims else 0, head)
+        replies = pipe.execute(raise_on_error=False)
+        repaired = True
     evicted: list[str] = []
     trim_error = None
     if trims and isinstance(replies[-1], Exception):  # the SETs took: the next write trims
         trim_error = f"{type(replies[-1]).__name__}: {replies[-1]}"
     elif trims:
         evicted = [name.decode() if isinstance(name, bytes) else str(name) for name in replies[-1]]
-    return Written([bool(reply) for reply in replies[: len(values)]], evicted, trim_error)
+    return Written(stored, evicted, trim_error, repaired)
+
+
+def _queue_index(
+    pipe: Any, namespace: str, names: Sequence[str], ttl_s: int, index: str, limit: int, head: Sequence[str]
+) -> None:
+    """`write_announced`'s index commands for `names`, queued on `pipe`; `limit` > 0: the quota's trim,
+    which announces the names it kept, last."""
+    top, start = time.time() + ttl_s, 0
+    if limit and head:
+        renew_listed(pipe, index, head, ttl_s, top)
+        start = len(head)
+    pipe.zadd(index, {name: top - (start + i) * CHAIN_SCORE_STEP for i, name in enumerate(names)})
+    pipe.zremrangebyscore(index, "-inf", top - ttl_s - INDEX_CLOCK_MARGIN_S)
+    pipe.expire(index, ttl_s)
+    if limit:
+        channel, cap = announce_channel(namespace), MAX_TRIM_PER_WRITE + len(names)
+        pipe.eval(_TRIM_AND_ANNOUNCE, 1, index, limit, cap, channel, ANNOUNCE_SEPARATOR, *names)
+
+
+# Delete KEYS[1] when it holds anything but a sorted set (an index damaged or overwritten by hand).
+_DROP_UNLESS_SORTED_SET = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'zset' and kind ~= 'none' then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 # Renew the names an index lists (ARGV[4:], a chain head first): a score as if written at ARGV[2] less
 # ARGV[3] per position, never lower than before, a fresh TTL (ARGV[1]) for each value and for the index.
 # Names it does not list (deleted, expired, another owner's) are left alone: a value must never outlive
-# the index that lets `forget-tenant` find it. No ZADD GT, which needs Redis 6.2.
+# the index that lets `forget-tenant` find it. No ZADD GT, which needs Redis 6.2. An index of another
+# type is deleted (returns -1): it lists nothing, and its WRONGTYPE would read as a Redis failure.
 _RENEW = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'zset' then
+  if kind ~= 'none' then redis.call('DEL', KEYS[1]) return -1 end
+  return 0
+end
 local ttl, top, step, listed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), false
 for i = 4, #ARGV do
   local old = redis.call('ZSCORE', KEYS[1], ARGV[i])
@@ -149,12 +184,16 @@ return listed and 1 or 0
 """
 
 
-def renew_listed(target: Any, index: str, names: Sequence[str], ttl_s: int, top: float | None = None) -> None:
+def renew_listed(target: Any, index: str, names: Sequence[str], ttl_s: int, top: float | None = None) -> Any:
     """One EVAL: the names `index` lists get a score as if written now, in chain order (the first
     highest), never lower than they had, and they and the index a fresh TTL. `target`: a pipeline, which
-    queues it, or a client, which sends it at once (one round trip; a Redis error raises)."""
+    queues it, or a client, which sends it at once (one round trip; a Redis error raises) and returns
+    its reply: 1 renewed, 0 nothing listed, `INDEX_DROPPED` the index held another type and was deleted."""
     top = time.time() + ttl_s if top is None else top
-    target.eval(_RENEW, 1, index, int(ttl_s), repr(float(top)), repr(CHAIN_SCORE_STEP), *names)
+    return target.eval(_RENEW, 1, index, int(ttl_s), repr(float(top)), repr(CHAIN_SCORE_STEP), *names)
+
+
+INDEX_DROPPED = -1  # renew_listed's reply when the index held another type
 
 
 def _glob_escaped(text: str) -> str:
@@ -198,6 +237,7 @@ class KeyDirectory:
         )
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._keys: set[str] = set()
+        self._scan_listeners: list[Callable[[set[str]], None]] = []
         self._adds = 0  # bumped by every add, local or announced (see `discard`)
         self._synced = False
         self._stop = threading.Event()
@@ -208,6 +248,12 @@ class KeyDirectory:
     def start(self) -> KeyDirectory:
         self._thread.start()
         return self
+
+    def on_scan(self, listener: Callable[[set[str]], None]) -> None:
+        """Call `listener` with the names each completed scan found (not to be changed), on the directory's
+        thread, before the directory answers from them: what Redis lost (a restart, an eviction, a
+        flush) reaches whoever remembers keys as present without asking."""
+        self._scan_listeners.append(listener)
 
     @property
     def synced(self) -> bool:
@@ -325,6 +371,13 @@ class KeyDirectory:
             if len(fresh) > self.max_keys:
                 self._overflow()
                 return
+        for listener in self._scan_listeners:
+            try:
+                listener(fresh)
+            except Exception as exc:  # a listener's bug must not stop the directory
+                self._log(
+                    f"key directory {self.namespace}: scan listener failed: {type(exc).__name__}: {exc}"
+                )
         self._keys = fresh
         self._synced = True
         self._count("scans")

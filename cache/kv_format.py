@@ -8,8 +8,11 @@ Layout (all integers little-endian)::
 
     magic b"TWKV" | version u16 | header_len u32 | header (JSON, UTF-8) | payload | BLAKE2b-128 (16 B)
 
-The header holds the block's meta, the payload length, the raw (uncompressed) length, the
-compression ("none" or "zlib"), the checksum algorithm and the byte order. The payload is the tensor's
+The header holds the block's meta, the block key it was written for (hex), the payload length, the raw
+(uncompressed) length, the compression ("none" or "zlib"), the checksum algorithm and the byte order.
+The block key binds a value to its name: a value copied under another block's name (a restore of the
+wrong snapshot, a manual COPY) is intact but not that block's KV, and another tenant's at worst; the
+reader refuses it (version 2; version 1 values named no block). The payload is the tensor's
 contiguous CPU bytes (read through a uint8 view, so bfloat16 needs no numpy bf16), optionally
 zlib-compressed at level 1. The checksum is over magic, version, header length, header and payload.
 Invariant for later versions: the same prefix and a 16-byte BLAKE2b trailer, so a reader can tell a
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 
 MAGIC = b"TWKV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 CHECKSUM_ALGORITHM = "blake2b-128"
 _PREFIX = struct.Struct("<4sHI")  # magic, version, header length
 _DIGEST_SIZE = 16
@@ -112,8 +115,11 @@ def _digest(data: bytes | memoryview) -> bytes:
     return hashlib.blake2b(data, digest_size=_DIGEST_SIZE).digest()
 
 
-def encode_block(tensor: torch.Tensor, meta: KVBlockMeta, compress: bool = False) -> bytes:
-    """One self-contained value for `tensor`; raises ValueError if `meta` does not describe it."""
+def encode_block(
+    tensor: torch.Tensor, meta: KVBlockMeta, compress: bool = False, block: bytes = b""
+) -> bytes:
+    """One self-contained value for `tensor`, bound to the block key `block` (what `decode_block` must be
+    given back); raises ValueError if `meta` does not describe it."""
     if meta.dtype not in _DTYPES:
         raise ValueError(f"dtype {meta.dtype!r} is not supported; allowed: {sorted(_DTYPES)}")
     if tensor.dtype != _DTYPES[meta.dtype]:
@@ -126,6 +132,7 @@ def encode_block(tensor: torch.Tensor, meta: KVBlockMeta, compress: bool = False
     header = json.dumps(
         {
             "meta": meta.to_json(),
+            "block": block.hex(),
             "payload_bytes": len(payload),
             "raw_bytes": len(raw),
             "compression": "zlib" if compress else "none",
@@ -178,9 +185,16 @@ def read_meta(data: bytes) -> KVBlockMeta:
     return KVBlockMeta.from_json(header.get("meta"))
 
 
-def decode_block(data: bytes, expected: KVBlockMeta, device: str | torch.device = "cpu") -> torch.Tensor:
-    """The tensor in `data`, after checking framing, checksum and that its meta matches `expected`."""
+def decode_block(
+    data: bytes, expected: KVBlockMeta, device: str | torch.device = "cpu", block: bytes = b""
+) -> torch.Tensor:
+    """The tensor in `data`, after checking framing, checksum, that its meta matches `expected` and that
+    it was written for the block key `block`."""
     header, start = _parse_header(data)
+    if header.get("block") != block.hex():
+        raise IncompatibleValue(
+            f"value is for block {str(header.get('block'))[:16]!r}..., not {block.hex()[:16]!r}..."
+        )
     meta = KVBlockMeta.from_json(header.get("meta"))
     algorithm, compression = header.get("checksum"), header.get("compression")
     if algorithm != CHECKSUM_ALGORITHM:

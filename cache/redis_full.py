@@ -1,8 +1,9 @@
-"""A Redis at `maxmemory` that cannot evict (policy `noeviction`, or `volatile-*` with no key left to
-evict) refuses writes with "OOM command not allowed" but still answers reads. Counted as a breaker
-failure, that refusal would open the breaker and stop the reads too: every cache hit lost because the
-cache is full. So a refused write only pauses writes for a moment, and the refusals and the writes
-skipped meanwhile are counted (`full_refusals`, `full_skips`)."""
+"""A Redis that refuses writes but still answers reads: at `maxmemory` with nothing to evict (policy
+`noeviction`, or `volatile-*` with no key left to evict: "OOM command not allowed"), or a read-only
+replica (after a failover, or `REPLICAOF`: "READONLY"). Counted as a breaker failure, that refusal would
+open the breaker and stop the reads too: every cache hit lost because no write can land. So a refused
+write only pauses writes for a moment, and the refusals and the writes skipped meanwhile are counted
+(`full_refusals`, `readonly_refusals`, `full_skips`)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,25 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, OutOfMemoryError) or wrapped
 
 
+def is_read_only(exc: BaseException) -> bool:
+    """Whether a read-only replica refused a write (redis-py's ReadOnlyError, or a script's error that
+    wraps the same reply)."""
+    from redis.exceptions import ReadOnlyError, ResponseError
+
+    wrapped = isinstance(exc, ResponseError) and "write against a read only replica" in str(exc)
+    return isinstance(exc, ReadOnlyError) or wrapped
+
+
 class FullGate:
-    """Writes may go unless Redis refused one for memory within the last `pause_s`."""
+    """Writes may go unless Redis refused one (full, or read-only) within the last `pause_s`."""
 
     def __init__(self, pause_s: float = FULL_PAUSE_S, clock: Callable[[], float] = time.monotonic):
         self.pause_s = pause_s
         self.clock = clock
         self._until = 0.0
         self._lock = threading.Lock()
-        self.refusals = 0
+        self.refusals = 0  # for memory
+        self.readonly_refusals = 0
         self.skips = 0
 
     def allow(self) -> bool:
@@ -42,11 +53,14 @@ class FullGate:
             return False
 
     def refused(self, exc: BaseException) -> bool:
-        """Whether `exc` was Redis refusing a write for memory; if so writes pause. Not a breaker failure:
-        Redis answered and reads still work, so callers report it to their breaker as a success."""
-        if not is_out_of_memory(exc):
+        """Whether `exc` was Redis refusing a write (for memory, or as a read-only replica); if so writes
+        pause. Not a breaker failure: Redis answered and reads still work, so callers report it to their
+        breaker as a success."""
+        full, read_only = is_out_of_memory(exc), is_read_only(exc)
+        if not (full or read_only):
             return False
         with self._lock:
-            self.refusals += 1
+            self.refusals += full
+            self.readonly_refusals += read_only and not full
             self._until = self.clock() + self.pause_s
         return True

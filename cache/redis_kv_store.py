@@ -26,7 +26,7 @@ import torch
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
-from cache.key_directory import KeyDirectory, Written, renew_listed, write_announced
+from cache.key_directory import INDEX_DROPPED, KeyDirectory, Written, renew_listed, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 from cache.response_cache import redis_ttl, tenant_tag
 
@@ -41,6 +41,13 @@ LEGACY_TENANT_INDEX_PREFIX = "llm:kv-tenants:v1"
 _DELETE_IF_UNCHANGED = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
+# A block name that holds another type (a hash, a list): MGET reads it as missing while EXISTS, the
+# probe, says it is there, so every lookup of its chain would pay for a load that finds nothing.
+_DROP_UNLESS_STRING = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'string' and kind ~= 'none' then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 # One command for a whole chain's probe: a pipeline of one EXISTS per block cost 476 us of Python at
 # 128 blocks (83 at 16), on a thread that shares the GIL with the engine; this costs 115 (41).
 _EXISTS_EACH = (
@@ -64,9 +71,11 @@ class KVStoreStats:
     probe_seconds: float = 0.0
     local_probes: int = 0  # exists_each calls the key directory answered without a round trip
     full_refusals: int = 0  # writes Redis refused for memory (maxmemory, nothing to evict): writes pause
+    readonly_refusals: int = 0  # writes a read-only replica refused (a failover): writes pause too
     full_skips: int = 0  # writes not sent during such a pause
     quota_evictions: int = 0  # blocks deleted because their tenant was past `tenant_max_blocks`
     renewals: int = 0  # reused chains marked as just used in their tenant's index (with a quota)
+    bad_indexes: int = 0  # tenant indexes that held another type: deleted, rebuilt by the write
 
 
 def leading_run(present: Sequence[bool]) -> int:
@@ -130,6 +139,7 @@ class RedisKVStore:
         )
         self._delete_if_unchanged = self.client.register_script(_DELETE_IF_UNCHANGED)
         self._exists_each = self.client.register_script(_EXISTS_EACH)
+        self._drop_unless_string = self.client.register_script(_DROP_UNLESS_STRING)
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._lock = threading.Lock()
         self._stats = KVStoreStats()
@@ -140,7 +150,10 @@ class RedisKVStore:
         """A consistent snapshot."""
         with self._lock:
             return dataclasses.replace(
-                self._stats, full_refusals=self.full.refusals, full_skips=self.full.skips
+                self._stats,
+                full_refusals=self.full.refusals,
+                readonly_refusals=self.full.readonly_refusals,
+                full_skips=self.full.skips,
             )
 
     def redis_key(self, key: bytes) -> str:
@@ -186,7 +199,7 @@ class RedisKVStore:
             raise ValueError(f"{len(keys)} keys for {len(tensors)} tensors")
         if not keys:
             return ChainWrite(0, [])
-        values = [encode_block(t, meta, compress=self.compress) for t in tensors]
+        values = [encode_block(t, meta, compress=self.compress, block=k) for t, k in zip(tensors, keys)]
         names = [self.redis_key(k) for k in keys]
         quota = 0 if tenant is None else self.tenant_max_blocks
         head_names = [self.redis_key(k) for k in head] if quota else []
@@ -212,6 +225,7 @@ class RedisKVStore:
             self._stats.stores += stored
             self._stats.bytes_stored += sum(len(v) for v, r in zip(values, written.stored) if r)
             self._stats.quota_evictions += len(written.evicted)
+            self._stats.bad_indexes += written.repaired_index
         prefix = f"{self.namespace}:"
         evicted = [bytes.fromhex(name[len(prefix) :]) for name in written.evicted if name.startswith(prefix)]
         return ChainWrite(stored, evicted)
@@ -224,16 +238,17 @@ class RedisKVStore:
             return False
         names = [self.redis_key(k) for k in keys]
 
-        def op() -> bool:
-            renew_listed(self.client, self.tenant_index(tenant), names, self.ttl_s)
-            return True
-
-        renewed = self._call(op, write=True)
-        if isinstance(renewed, _Unavailable):
+        reply = self._call(
+            lambda: renew_listed(self.client, self.tenant_index(tenant), names, self.ttl_s), write=True
+        )
+        if isinstance(reply, _Unavailable):
             return False
         with self._lock:
-            self._stats.renewals += 1
-        return True
+            if reply == INDEX_DROPPED:
+                self._stats.bad_indexes += 1
+            else:
+                self._stats.renewals += 1
+        return reply != INDEX_DROPPED
 
     def get(self, key: bytes, meta: KVBlockMeta, device: str | torch.device = "cpu") -> torch.Tensor | None:
         """The verified block, or None on a miss, Redis trouble, an open breaker or a bad value."""
@@ -255,15 +270,15 @@ class RedisKVStore:
         blocks: list[torch.Tensor] = []
         loaded = 0
         bad: tuple[str, bytes] | None = None
-        missed = False
-        for name, value in zip(names, values):
+        missing: str | None = None
+        for key, name, value in zip(keys, names, values):
             if value is None:
-                missed = True
+                missing = name
                 if self.directory is not None:  # unless a write may have landed since the MGET
                     self.directory.discard(name, unless_added_since=adds)
                 break
             try:
-                blocks.append(decode_block(value, meta, device=device))
+                blocks.append(decode_block(value, meta, device=device, block=key))
             except CorruptValue as exc:
                 self._count_bad("checksum_failures", exc)
                 bad = (name, value)
@@ -276,13 +291,23 @@ class RedisKVStore:
         elapsed = time.perf_counter() - start
         with self._lock:
             self._stats.hits += len(blocks)
-            self._stats.misses += int(missed)
+            self._stats.misses += int(missing is not None)
             if blocks:
                 self._stats.bytes_loaded += loaded
                 self._stats.load_seconds += elapsed
         if bad is not None:
             self.discard(*bad)
+        if missing is not None:
+            self._drop_if_wrong_type(missing)
         return blocks
+
+    def _drop_if_wrong_type(self, name: str) -> None:
+        """A block the caller's probe found and MGET did not: expired meanwhile, or a value of another type,
+        which is deleted and counted (one round trip, on a path where the probe was wrong anyway)."""
+        if self._call(lambda: self._drop_unless_string(keys=[name])) == 1:
+            self._count_bad("checksum_failures", TypeError(f"{name} held another Redis type"))
+            if self.directory is not None:
+                self.directory.discard(name)
 
     def discard(self, name: str, value: bytes) -> bool:
         """Delete the value at Redis key `name` if it still equals `value`; True when deleted."""
@@ -347,7 +372,8 @@ class RedisKVStore:
 
     def _call(self, op: Callable[[], T], write: bool = False) -> T | _Unavailable:
         """Run one Redis operation through the breaker; errors are counted and never raised. A `write`
-        also waits out a full Redis (`cache/redis_full.py`), whose refusal is not a breaker failure."""
+        also waits out a full or read-only Redis (`cache/redis_full.py`), whose refusal is not a breaker
+        failure."""
         if write and not self.full.allow():  # first: a write not sent must not take the breaker's probe
             return _UNAVAILABLE
         if not self.breaker.allow():

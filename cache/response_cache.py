@@ -39,7 +39,8 @@ from typing import Any
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
-from cache.key_directory import KeyDirectory, renew_listed, write_announced
+from cache.wrong_type import is_wrong_type
+from cache.key_directory import INDEX_DROPPED, KeyDirectory, renew_listed, write_announced
 from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 1
@@ -65,6 +66,7 @@ class ExactCacheStats:
     stores: int = 0
     quota_evictions: int = 0  # answers the tenant quota deleted (the tenant's least recently used)
     renewals: int = 0  # hits told to Redis, so that the quota trims by last use (only with a quota)
+    bad_indexes: int = 0  # tenant indexes that held another type: deleted, rebuilt by the next write
 
 
 def is_deterministic(params: EngineRequestParams) -> bool:
@@ -134,14 +136,6 @@ def exact_key(fingerprint: str, prompt_ids: Sequence[int], params: EngineRequest
     return f"{exact_namespace(fingerprint)}:{tenant_tag(params.tenant)}:{digest}"
 
 
-def is_wrong_type(exc: BaseException) -> bool:
-    """Redis refused a command because the key holds another type (WRONGTYPE) or a counter that is not
-    an integer (INCR): a bad value under one key, which is deleted like a corrupt one, not a Redis
-    failure that should open the breaker."""
-    text = str(exc)
-    return "WRONGTYPE" in text or "not an integer or out of range" in text
-
-
 def tenant_tag(tenant: str) -> str:
     """A fixed-width, key-safe form of the tenant (tenants are free text set by the server)."""
     return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
@@ -194,14 +188,16 @@ class RedisCacheBase:
         self.client = make_redis_client(redis_url, timeout_s)
         self._redis_errors = (redis.RedisError, OSError)
         self.breaker = breaker or CircuitBreaker()
-        self.full = FullGate()  # a full Redis refuses writes, not reads: not a breaker failure
+        self.full = FullGate()  # a full or read-only Redis refuses writes, not reads: not a breaker failure
         self.stats = stats
         self._lock = threading.Lock()
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             counters = asdict(self.stats)
-        return {**counters, "full_refusals": self.full.refusals, "full_skips": self.full.skips}
+        gate = self.full
+        refusals = {"full_refusals": gate.refusals, "readonly_refusals": gate.readonly_refusals}
+        return {**counters, **refusals, "full_skips": gate.skips}
 
     def close(self) -> None:
         try:
@@ -229,8 +225,8 @@ class RedisCacheBase:
         return True
 
     def _write_failed(self, exc: BaseException) -> None:
-        """A write's error: Redis out of memory pauses writes, and tells the breaker Redis answered;
-        anything else is a breaker failure."""
+        """A write's error: Redis out of memory or read-only pauses writes, and tells the breaker Redis
+        answered; anything else is a breaker failure."""
         if self.full.refused(exc):
             self.breaker.record_success()
         else:
@@ -377,6 +373,7 @@ class ExactResponseCache(RedisCacheBase):
         for name in written.evicted:
             self._forget(name)
         self._count("quota_evictions", len(written.evicted))
+        self._count("bad_indexes", int(written.repaired_index))
         if written.trim_error is not None:  # the SET took; the next write trims
             self._count("errors")
         if key in written.evicted:  # a quota of 1 and an answer renewed a moment later (a clock ahead)
@@ -393,13 +390,13 @@ class ExactResponseCache(RedisCacheBase):
         if not self.tenant_max_entries or not keys or not self._may_write():
             return False
         try:
-            renew_listed(self.client, self.tenant_index(tenant), list(keys), self.ttl_s)
+            reply = renew_listed(self.client, self.tenant_index(tenant), list(keys), self.ttl_s)
         except self._redis_errors as exc:
             self._write_failed(exc)
             return False
         self.breaker.record_success()
-        self._count("renewals")
-        return True
+        self._count("bad_indexes" if reply == INDEX_DROPPED else "renewals")
+        return reply != INDEX_DROPPED
 
     # -- internals -------------------------------------------------------------------------------
 

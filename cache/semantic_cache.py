@@ -62,11 +62,11 @@ import numpy as np
 from cache.embed_memo import RecentVectors
 from cache.key_directory import MAX_TRIM_PER_WRITE
 from cache.circuit_breaker import CircuitBreaker
+from cache.wrong_type import is_wrong_type
 from cache.response_cache import (
     RedisCacheBase,
     canonical_json,
     is_deterministic,
-    is_wrong_type,
     load_json_object,
     redis_ttl,
     sampling_signature,

@@ -25,6 +25,10 @@ class Stamps(Generic[K]):
     def __len__(self) -> int:
         return len(self._when)
 
+    def keys(self) -> list[K]:
+        """The marked keys, stalest first (a copy)."""
+        return list(self._when)
+
     def get(self, key: K, default: float) -> float:
         return self._when.get(key, default)
 

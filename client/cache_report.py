@@ -18,7 +18,7 @@ UNITS = {"l1": "blocks", "l2": "blocks", "l3": "chains", "exact": "requests", "s
 # L3 over the chains it was asked for: served (all or part) or not (Redis lacked it, or recomputing won)
 L3_SERVED, L3_NOT_SERVED = ("chains_loaded", "chains_partial"), ("chains_missing", "chains_recompute")
 HIT_COUNTER = {"l1": "hit_blocks", "l2": "hit_blocks"}  # others: "hits"
-BAD_COUNTERS = ("corrupt", "checksum_failures", "incompatible", "incomplete")
+BAD_COUNTERS = ("corrupt", "checksum_failures", "incompatible", "incomplete", "bad_indexes")
 DECISIONS = ("load", "recompute", "explore")  # the L3 cost model's, per chain Redis held
 
 
@@ -35,7 +35,7 @@ class TierRow:
     seconds_lost: float  # loads slower than recomputing would have been
     errors: float  # Redis unreachable, slow or failing
     bad_values: float  # corrupt, incompatible or half-evicted values, deleted
-    full_refusals: float  # writes a full Redis refused
+    refused_writes: float  # writes a full or read-only Redis refused (reads went on)
     decisions: dict[str, float] | None = None  # L3: chains loaded, recomputed (cheaper), loaded to explore
     page_locked: float | None = None  # L2 on CUDA: 0 when CUDA refused to lock its pages
 
@@ -91,7 +91,7 @@ def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
                 seconds_lost=counter("seconds_lost_slow_load"),
                 errors=counter("errors"),
                 bad_values=sum(counter(name) for name in BAD_COUNTERS),
-                full_refusals=counter("full_refusals"),
+                refused_writes=counter("full_refusals") + counter("readonly_refusals"),
                 decisions={name: counter(f"decision_{name}") for name in DECISIONS} if tier == "l3" else None,
                 page_locked=gauge("page_locked"),
             )
@@ -105,7 +105,7 @@ def _figure(value: float | None, fmt: str = "{:g}") -> str:
 
 def format_rows(rows: list[TierRow]) -> str:
     headers = ["tier", "hits", "misses", "hit rate", "held / capacity", "evictions", "saved s", "lost s",
-               "errors", "bad values", "full refusals"]  # fmt: skip
+               "errors", "bad values", "refused writes"]  # fmt: skip
     body = []
     for row in rows:
         held = "-" if row.capacity is None else f"{_figure(row.held)} / {row.capacity:g}"
@@ -113,7 +113,7 @@ def format_rows(rows: list[TierRow]) -> str:
         body.append([
             row.tier, f"{row.hits:g} {row.unit}", _figure(row.misses), _figure(row.hit_rate, "{:.1%}"), held,
             f"{row.evictions:g}", f"{row.seconds_saved:.3f}", f"{row.seconds_lost:.3f}", f"{row.errors:g}",
-            f"{row.bad_values:g}", f"{row.full_refusals:g}",
+            f"{row.bad_values:g}", f"{row.refused_writes:g}",
         ])  # fmt: skip
     widths = [max(len(str(line[i])) for line in [headers, *body]) for i in range(len(headers))]
     lines = [headers, ["-" * width for width in widths], *body]

@@ -16,8 +16,8 @@ REUSE_COUNTERS = ("tokens_loaded", "seconds_saved", "seconds_lost_slow_load", "s
 # when that probe was not usable), probe_seconds their time
 L3_COUNTERS = (
     "hits", "misses", "checksum_failures", "incompatible", "errors", "bytes_loaded", "load_seconds",
-    "probes", "probe_seconds", "local_probes", "full_refusals", "full_skips", "quota_evictions",
-    "renewals",
+    "probes", "probe_seconds", "local_probes", "full_refusals", "readonly_refusals", "full_skips",
+    "quota_evictions", "renewals", "bad_indexes",
 )  # fmt: skip
 # the key directories' cumulative counters (cache/key_directory.py), as "directory_<name>"
 DIRECTORY_COUNTERS = tuple(f.name for f in fields(KeyDirectoryStats))

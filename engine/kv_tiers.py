@@ -83,6 +83,9 @@ class L3Tier:
         self._lock = threading.Lock()  # _known and loaded_blocks: fetch may run on two threads
         self._probes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l3-probe")
         self.probe_wait_seconds = 0.0  # engine thread only
+        directory = getattr(store, "directory", None)
+        if directory is not None:
+            directory.on_scan(self._forget_unlisted)
 
     @property
     def writes_dropped(self) -> int:
@@ -241,6 +244,16 @@ class L3Tier:
         with self._lock:
             for key in keys:
                 self._known.pop(key)
+
+    def _forget_unlisted(self, listed: set[str]) -> None:
+        """A key directory's scan: blocks remembered as held that Redis no longer lists (it restarted
+        empty, evicted them, was flushed) are forgotten, so the next reuse of them writes them again
+        instead of skipping them for up to half the TTL. On the directory's thread, every `rescan_s`; a
+        block written while the scan ran may be forgotten too, which costs one write more."""
+        with self._lock:
+            remembered = self._known.keys()
+        gone = [key for key in remembered if self.store.redis_key(key) not in listed]
+        self._forget(gone)
 
     def _remember(self, keys: list[bytes]) -> None:
         now = self.clock()

@@ -153,7 +153,9 @@ def build_l3(
         token_count=config.prefix_block_size,
         layout=LAYOUT,
     )
-    namespace = f"llm:kv:v1:{model_name}"
+    # v2: values of kv_format version 2 (bound to their block key); replicas still on v1 in a rolling
+    # update use other names, so neither deletes the other's values as incompatible
+    namespace = f"llm:kv:v2:{model_name}"
     store = RedisKVStore(
         config.redis_url,
         namespace,

@@ -20,7 +20,8 @@ SAMPLES = [  # (family, tier, counter or gauge, value) as the engine exports the
     ("total", "l3", "hits", 40), ("total", "l3", "misses", 1), ("total", "l3", "checksum_failures", 2),
     ("total", "l3", "chains_loaded", 4), ("total", "l3", "chains_partial", 1),
     ("total", "l3", "chains_missing", 6), ("total", "l3", "chains_recompute", 9),
-    ("total", "l3", "incompatible", 1), ("total", "l3", "full_refusals", 4),
+    ("total", "l3", "incompatible", 1), ("total", "l3", "full_refusals", 3),
+    ("total", "l3", "readonly_refusals", 1),
     ("total", "l3", "decision_load", 2), ("total", "l3", "decision_recompute", 9),
     ("total", "l3", "decision_explore", 1), ("total", "l3", "quota_evictions", 5),
     ("total", "exact", "hits", 3), ("total", "exact", "misses", 1), ("total", "exact", "errors", 7),
@@ -45,7 +46,7 @@ def test_each_reported_tier_gets_its_figures_and_absent_tiers_none():
     assert l1.seconds_saved == 0.25 and l1.hit_rate is None
     # L3 over chains asked: 5 served of 20 (blocks loaded and store-level misses are not the measure)
     assert (l3.hits, l3.misses, l3.hit_rate, l3.unit) == (5, 15, 0.25, "chains")
-    assert (l3.bad_values, l3.full_refusals, l3.capacity, l3.evictions) == (3, 4, None, 5)  # quota trims
+    assert (l3.bad_values, l3.refused_writes, l3.capacity, l3.evictions) == (3, 4, None, 5)  # quota trims
     assert (exact.hit_rate, exact.errors, exact.unit, exact.evictions) == (0.75, 7, "requests", 11)
     assert l3.decisions == {"load": 2, "recompute": 9, "explore": 1} and l1.decisions is None
 

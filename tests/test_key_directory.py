@@ -250,6 +250,28 @@ def test_a_redis_restart_unsyncs_then_resyncs_with_what_the_new_redis_holds(
     writer.close()
 
 
+def test_blocks_remembered_as_held_are_forgotten_when_a_scan_no_longer_finds_them(own_redis, namespace):
+    """L3 remembers for half the TTL which blocks Redis holds, and skips writing them again. After Redis
+    restarted empty, the resynced directory's scan tells it they are gone: the next reuse writes them
+    again instead of leaving every other replica to recompute them for up to 12 h."""
+    directory = KeyDirectory(own_redis.url, namespace, timeout_s=0.5).start()
+    store = RedisKVStore(own_redis.url, namespace, timeout_s=0.5, directory=directory)
+    l3 = L3Tier(store, META)
+    keys = [hashlib.sha256(f"{namespace}{i}".encode()).digest() for i in range(3)]
+    try:
+        assert wait_for(lambda: directory.synced, 10)
+        l3.publish(keys[:2], torch.ones(2, 1, 2, 1, 4, 2), "t")
+        assert wait_for(lambda: store.exists_each(keys) == [True, True, False], 10)
+        assert l3.unknown(keys) == [2]
+        own_redis.stop()
+        assert wait_for(lambda: not directory.synced, 20)
+        own_redis.start()  # empty
+        assert wait_for(lambda: directory.synced, 30)
+        assert l3.unknown(keys) == [0, 1, 2], "the tier still believes Redis holds the blocks"
+    finally:
+        l3.close()
+
+
 def test_the_l3_probe_is_answered_locally_without_a_round_trip(redis_server, namespace):
     store = RedisKVStore(redis_server, namespace, timeout_s=0.5, directory=started(redis_server, namespace))
     l3 = L3Tier(store, META)

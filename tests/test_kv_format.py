@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from cache.kv_format import (
+    FORMAT_VERSION,
     CorruptValue,
     IncompatibleValue,
     KVBlockMeta,
@@ -132,8 +133,8 @@ def _reframe(data: bytes, header_edit=None, version: int | None = None) -> bytes
 
 def test_intact_value_of_an_unknown_version_is_incompatible():
     meta = _meta("float32")
-    data = _reframe(encode_block(_block(torch.float32), meta), version=2)
-    with pytest.raises(IncompatibleValue, match="version 2"):
+    data = _reframe(encode_block(_block(torch.float32), meta), version=3)
+    with pytest.raises(IncompatibleValue, match="version 3"):
         decode_block(data, meta)
 
 
@@ -161,6 +162,7 @@ def test_zip_bomb_is_bounded():
     header = json.dumps(
         {
             "meta": meta.to_json(),
+            "block": "",
             "payload_bytes": len(payload),
             "raw_bytes": raw_len,
             "compression": "zlib",
@@ -168,7 +170,19 @@ def test_zip_bomb_is_bounded():
             "byteorder": "little",
         }
     ).encode()
-    body = struct.pack("<4sHI", b"TWKV", 1, len(header)) + header + payload
+    body = struct.pack("<4sHI", b"TWKV", FORMAT_VERSION, len(header)) + header + payload
     data = body + hashlib.blake2b(body, digest_size=16).digest()
     with pytest.raises(CorruptValue, match="inflate"):
         decode_block(data, meta)
+
+
+def test_a_value_is_bound_to_its_block_key():
+    """A value copied under another block's name is intact but not that block's KV (another tenant's, at
+    worst): refused as incompatible, and so deleted by the store."""
+    meta, block = _meta(), _block(torch.bfloat16)
+    data = encode_block(block, meta, block=b"\x01" * 32)
+    assert torch.equal(decode_block(data, meta, block=b"\x01" * 32), block)
+    with pytest.raises(IncompatibleValue, match="value is for block"):
+        decode_block(data, meta, block=b"\x02" * 32)
+    with pytest.raises(IncompatibleValue, match="value is for block"):
+        decode_block(data, meta)  # a reader that names no block takes only unbound values

@@ -1,5 +1,6 @@
-"""A full Redis refuses writes but still serves reads: the caches pause their writes and keep reading,
-and the Redis this project starts evicts cache values (TTL) at its bound instead of refusing."""
+"""A full Redis, or a read-only replica, refuses writes but still serves reads: the caches pause their
+writes and keep reading, and the Redis this project starts evicts cache values (TTL) at its bound instead
+of refusing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import redis
 import torch
 
 from cache.circuit_breaker import BreakerState, CircuitBreaker
-from cache.redis_full import FullGate, is_out_of_memory
+from cache.redis_full import FullGate, is_out_of_memory, is_read_only
 from cache.redis_kv_store import RedisKVStore
 from cache.response_cache import ExactResponseCache
 from deploy.launch import find_free_port, start_redis_server
@@ -39,6 +40,66 @@ def test_out_of_memory_is_recognized_in_a_scripts_error_too():
     assert is_out_of_memory(wrapped)
     assert not is_out_of_memory(redis.exceptions.ResponseError("NOSCRIPT No matching script"))
     assert not is_out_of_memory(TimeoutError("command not allowed when used memory"))  # not a reply
+
+
+def test_a_read_only_replica_pauses_writes_and_is_counted_apart():
+    clock = FakeClock()
+    gate = FullGate(pause_s=1.0, clock=clock)
+    assert gate.refused(redis.exceptions.ReadOnlyError("You can't write against a read only replica."))
+    assert not gate.allow()
+    clock.now = 1.0
+    assert gate.allow()
+    assert (gate.refusals, gate.readonly_refusals, gate.skips) == (0, 1, 1)
+    wrapped = redis.exceptions.ResponseError(
+        "Error in script: READONLY You can't write against a read only replica. script: abc"
+    )
+    assert is_read_only(wrapped) and not is_out_of_memory(wrapped)
+    assert not is_read_only(redis.exceptions.ResponseError("WRONGTYPE Operation against a key"))
+
+
+@pytest.fixture
+def replica_redis(tmp_path):
+    """A Redis of its own, turned into a replica of a master that never answers: reads work, writes
+    answer READONLY (a cache's Redis after a failover pointed it elsewhere)."""
+    port = find_free_port()
+    proc, _ = start_redis_server("redis-server", tmp_path, port)
+    url = f"redis://localhost:{port}/0"
+    client = redis.Redis.from_url(url)
+    yield url, client
+    client.close()
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _make_replica(client: redis.Redis) -> None:
+    client.execute_command("REPLICAOF", "127.0.0.1", str(find_free_port()))
+    with pytest.raises(redis.exceptions.ReadOnlyError):
+        client.set("probe", b"x")
+
+
+def test_a_read_only_replica_refuses_answers_and_blocks_yet_serves_the_cached_ones(replica_redis):
+    url, client = replica_redis
+    fingerprint = f"fp-{uuid.uuid4().hex[:8]}"
+    cache = ExactResponseCache(url, fingerprint=fingerprint, timeout_s=0.5, tenant_max_entries=8)
+    store = RedisKVStore(url, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5, tenant_max_blocks=8)
+    try:
+        kept = _keys(1)
+        assert cache.put([1, 2, 3], GREEDY, "kept before the failover")
+        assert store.put_chain(kept, [_block(1)], META, tenant="acme") == 1
+        _make_replica(client)
+        for i in range(6):  # more than the breaker's failure threshold, with the writer's renewals
+            assert not cache.put([9, i], GREEDY, "refused")
+            assert store.put_chain(_keys(1), [_block(2)], META, tenant="acme") == 0
+            cache.full.clock = store.full.clock = lambda: 1e9 + i * 10  # each write past the last pause
+            store.renew(kept, "acme")
+        assert cache.get([1, 2, 3], GREEDY) == "kept before the failover"
+        torch.testing.assert_close(store.get(kept[0], META), _block(1))
+        assert cache.snapshot()["readonly_refusals"] >= 1 and cache.snapshot()["errors"] == 0
+        stats = store.stats
+        assert stats.readonly_refusals >= 6 and (stats.errors, stats.breaker_rejections) == (0, 0)
+    finally:
+        cache.close()
+        store.close()
 
 
 @pytest.fixture

@@ -402,3 +402,70 @@ def test_a_renewal_leaves_alone_names_the_index_does_not_list(redis_server, name
         assert raw.zcard(index) == 0 and all(raw.ttl(name) <= 100 for name in names)
     finally:
         store.close()
+
+
+def test_a_value_under_another_blocks_name_is_refused_and_deleted(store, raw):
+    """Tenant A's block copied under tenant B's block name (a restore of the wrong snapshot, a manual
+    COPY): the value names the block key it was written for, so B's lookup refuses it."""
+    key_a, key_b = _keys(2)
+    assert store.put_chain([key_a], [_block(7)], META, tenant="tenant-a") == 1
+    raw.set(store.redis_key(key_b), raw.get(store.redis_key(key_a)))
+    assert store.get_chain([key_b], META) == []
+    assert store.stats.incompatible == 1 and raw.exists(store.redis_key(key_b)) == 0
+    assert len(store.get_chain([key_a], META)) == 1
+
+
+def test_a_block_name_holding_another_type_is_deleted_and_counted(store, raw):
+    """A hash under a block's name: the probe (EXISTS) says it is there and MGET reads nothing, so each
+    lookup of the chain would pay for a load; the load that finds it so deletes it."""
+    keys = _keys(2)
+    assert store.put_chain(keys, [_block(0), _block(1)], META) == 2
+    name = store.redis_key(keys[0])
+    raw.delete(name)
+    raw.hset(name, "x", "y")
+    assert store.exists_chain(keys) == 2
+    assert store.get_chain(keys, META) == []
+    assert raw.exists(name) == 0 and store.stats.checksum_failures == 1
+    assert store.exists_chain(keys) == 0
+    assert store.get_chain(keys, META) == [] and store.stats.checksum_failures == 1  # a plain miss now
+
+
+@pytest.mark.parametrize("quota", [0, 4])
+def test_a_tenant_index_holding_another_type_is_rebuilt_by_the_next_write(
+    redis_server, namespace, raw, quota
+):
+    """A string under a tenant's index: ZADD fails inside the write's pipeline, while EXPIRE would keep
+    the bad key alive; the tenant's blocks would be listed nowhere (forget-tenant misses them) and the
+    quota would never trim again. The write deletes it and lists its blocks afresh."""
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, tenant_max_blocks=quota)
+    try:
+        index = store.tenant_index("t")
+        raw.set(index, b"garbage")
+        chains = [_keys(4) for _ in range(3)]
+        for keys in chains:
+            assert store.put_chain(keys, [_block(i) for i in range(4)], META, tenant="t") == 4
+        assert raw.type(index) == b"zset" and store.stats.bad_indexes == 1 and store.stats.errors == 0
+        listed = {name.decode() for name in raw.zrange(index, 0, -1)}
+        held = {store.redis_key(k) for keys in chains for k in keys if raw.exists(store.redis_key(k))}
+        assert listed == held and len(held) == (quota or 12)
+    finally:
+        store.close()
+
+
+def test_one_tenants_damaged_index_does_not_open_the_breaker_for_the_others(redis_server, namespace, raw):
+    """Renewals of a tenant whose index holds another type: the script deletes that index instead of
+    answering WRONGTYPE, which would count as Redis failing and open the breaker for every tenant."""
+    store = RedisKVStore(redis_server, namespace, timeout_s=0.5, tenant_max_blocks=100)
+    try:
+        b_keys, a_keys = _keys(2), _keys(2)
+        assert store.put_chain(b_keys, [_block(0), _block(1)], META, tenant="b") == 2
+        assert store.put_chain(a_keys, [_block(2), _block(3)], META, tenant="a") == 2
+        raw.delete(store.tenant_index("a"))
+        raw.set(store.tenant_index("a"), b"garbage")
+        assert not store.renew(a_keys, "a")
+        assert raw.exists(store.tenant_index("a")) == 0 and store.stats.bad_indexes == 1
+        for _ in range(3):
+            store.renew(a_keys, "a")
+        assert len(store.get_chain(b_keys, META)) == 2 and store.stats.errors == 0
+    finally:
+        store.close()

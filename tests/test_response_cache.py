@@ -335,3 +335,37 @@ def test_no_models_key_directory_lists_a_quota_index_nor_can_a_lookup_key_name_o
     finally:
         directory.close()
         quota.close()
+
+
+def test_a_tenant_index_holding_another_type_is_rebuilt_and_the_quota_holds(redis_server):
+    """A string under the tenant's answer index: without the rebuild ZADD and the trim failed on every
+    write while EXPIRE kept the bad key alive, so the tenant grew past its quota for good."""
+    cache = _quota_cache(redis_server, 2)
+    raw = redis.Redis.from_url(redis_server)
+    params = EngineRequestParams(max_tokens=8, tenant="t")
+    try:
+        raw.set(cache.tenant_index("t"), b"garbage")
+        for n in range(6):
+            assert cache.put([n, 7], params, f"answer {n}")
+        assert [cache.get([n, 7], params) for n in range(6)] == [None] * 4 + ["answer 4", "answer 5"]
+        snapshot = cache.snapshot()
+        assert (snapshot["bad_indexes"], snapshot["errors"], raw.zcard(cache.tenant_index("t"))) == (1, 0, 2)
+    finally:
+        cache.close()
+
+
+def test_one_tenants_damaged_index_does_not_open_the_breaker_for_the_others(redis_server):
+    cache = _quota_cache(redis_server, 100)
+    raw = redis.Redis.from_url(redis_server)
+    a, b = EngineRequestParams(max_tokens=8, tenant="a"), EngineRequestParams(max_tokens=8, tenant="b")
+    try:
+        assert cache.put([1, 2], b, "b's answer") and cache.put([3, 4], a, "a's answer")
+        raw.delete(cache.tenant_index("a"))
+        raw.set(cache.tenant_index("a"), b"garbage")
+        assert not cache.renew([cache.key([3, 4], a)], "a")  # the bad index is dropped, nothing renewed
+        for _ in range(3):
+            cache.renew([cache.key([3, 4], a)], "a")
+        assert cache.get([1, 2], b) == "b's answer" and cache.breaker.state is BreakerState.CLOSED
+        assert cache.snapshot()["bad_indexes"] == 1 and cache.snapshot()["errors"] == 0
+    finally:
+        cache.close()
