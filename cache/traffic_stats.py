@@ -3,18 +3,23 @@ lengths (prompt + max_tokens), and recent concurrency peaks.
 
 Warmup plans from them at the next start (scheduler/warmup_planner.py). Every call has a short
 socket timeout and raises StoreUnavailable instead of hanging: a slow or dead Redis must never
-delay the engine.
+delay the engine. What Redis hands back is not trusted: a value read that is no finite number in
+range is skipped and counted, a key of another type is deleted, and a field HINCRBY refuses is reset.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+# A stored peak that is not a number (or NaN, inf) is replaced, not compared with: Lua would raise.
 _MAX_PEAK = (
-    "local v = redis.call('HGET', KEYS[1], ARGV[1]) "
-    "if (not v) or tonumber(v) < tonumber(ARGV[2]) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end "
+    "local v = tonumber(redis.call('HGET', KEYS[1], ARGV[1])) "
+    "if (not v) or v ~= v or v == math.huge or v < tonumber(ARGV[2]) then "
+    "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end "
     "redis.call('EXPIRE', KEYS[1], ARGV[3]) return 1"
 )
 PROMPT = "prompt_lengths"
@@ -22,10 +27,35 @@ RESERVED = "reserved_lengths"  # prompt + max_tokens: the KV positions a request
 HISTOGRAMS = (PROMPT, RESERVED)
 PEAK_WINDOW_S = 3600
 PEAK_TTL_S = 14 * 24 * 3600
+MAX_LENGTH = 10**9  # tokens: beyond any model's context; a larger length field is bit rot
+MAX_COUNT = 10**15  # requests of one length: 3 million a second for ten years; larger would overflow plans
+MAX_PEAK_ACTIVE = 10**6  # concurrent requests on one replica
 
 
 class StoreUnavailable(RuntimeError):
     """Redis could not be reached or answered with something unusable."""
+
+
+@dataclass
+class LengthsWrite:
+    """What one histogram write left undone: counts Redis refused (to send again) and why."""
+
+    unsent: dict[int, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def _wrong_type(exc: BaseException) -> bool:
+    return "WRONGTYPE" in str(exc)
+
+
+def _bad_field(exc: BaseException) -> bool:
+    """HINCRBY refused the field's value: not an integer, or one that the increment would overflow."""
+    text = str(exc)
+    return "not an integer" in text or "overflow" in text
+
+
+def _in_range(value: float, limit: float) -> bool:
+    return math.isfinite(value) and 0 <= value <= limit
 
 
 def model_fingerprint(model_dir: str | Path, max_len: int) -> str:
@@ -54,6 +84,8 @@ class TrafficStatsStore:
         )
         self.prefix = f"llm:traffic:v1:{model}:{fingerprint}"
         self._max_peak = self.client.register_script(_MAX_PEAK)
+        self.malformed = 0  # values read and skipped: not numbers, not finite, negative or absurdly large
+        self.repairs = 0  # keys of another type deleted, and fields HINCRBY refused reset
 
     @property
     def lengths_key(self) -> str:
@@ -68,17 +100,47 @@ class TrafficStatsStore:
     def peaks_key(self) -> str:
         return f"{self.prefix}:peak_active"
 
-    def add_lengths(self, counts: Mapping[int, int], histogram: str = PROMPT) -> None:
+    def add_lengths(self, counts: Mapping[int, int], histogram: str = PROMPT) -> LengthsWrite:
+        """Add `counts`; the pipeline is no transaction, so each HINCRBY's reply says whether its count
+        took. Those refused come back to be sent again, after the cause is repaired: a key of another
+        type is deleted, a field that is no integer is reset. Raises StoreUnavailable when Redis failed
+        as a whole (then which counts took is unknown)."""
+        write = LengthsWrite()
         if not counts:
-            return
+            return write
         key = self.histogram_key(histogram)
+        items = [(int(length), int(count)) for length, count in counts.items()]
         try:
             with self.client.pipeline(transaction=False) as pipe:
-                for length, count in counts.items():
-                    pipe.hincrby(key, str(int(length)), int(count))
-                pipe.execute()
+                for length, count in items:
+                    pipe.hincrby(key, str(length), count)
+                replies = pipe.execute(raise_on_error=False)
         except self.errors as exc:
             raise StoreUnavailable(f"recording prompt lengths failed: {exc}") from exc
+        refused = {
+            length: reply for (length, _), reply in zip(items, replies) if isinstance(reply, Exception)
+        }
+        if not refused:
+            return write
+        write.unsent = {length: count for length, count in items if length in refused}
+        first = next(iter(refused.values()))
+        write.errors.append(f"{key}: Redis refused {len(refused)} of {len(items)} counts ({first})")
+        if any(_wrong_type(reply) for reply in refused.values()):
+            write.errors.append(self._repair(key, "deleted the key of another type", self.client.delete))
+        else:
+            bad = [str(length) for length, reply in refused.items() if _bad_field(reply)]
+            if bad:
+                write.errors.append(self._repair(key, f"reset {len(bad)} bad fields", self.client.hdel, *bad))
+        return write
+
+    def _repair(self, key: str, what: str, command: Callable[..., object], *args: str) -> str:
+        """Run `command(key, *args)` to remove a bad value; counted when it took. Returns what happened."""
+        try:
+            command(key, *args)
+        except self.errors as exc:
+            return f"{key}: repair failed ({exc})"
+        self.repairs += 1
+        return f"{key}: {what}"
 
     def load_lengths(self, histogram: str = PROMPT) -> dict[int, int]:
         """The histogram {length: count}; malformed fields are skipped, not trusted."""
@@ -91,8 +153,11 @@ class TrafficStatsStore:
             try:
                 length, count = int(key), int(value)
             except ValueError:
+                self.malformed += 1
                 continue
-            if length > 0 and count > 0:
+            if not (0 < length <= MAX_LENGTH and 0 <= count <= MAX_COUNT):
+                self.malformed += 1
+            elif count:
                 out[length] = count
         return out
 
@@ -101,9 +166,15 @@ class TrafficStatsStore:
         try:
             self._max_peak(keys=[self.peaks_key], args=[window, int(active), PEAK_TTL_S])
         except self.errors as exc:
-            raise StoreUnavailable(f"recording the concurrency peak failed: {exc}") from exc
+            message = f"recording the concurrency peak failed: {exc}"
+            if _wrong_type(exc):  # another type under the key: deleted, the next flush writes a hash
+                message += "; " + self._repair(
+                    self.peaks_key, "deleted the key of another type", self.client.delete
+                )
+            raise StoreUnavailable(message) from exc
 
     def load_peaks(self) -> list[tuple[float, float]]:
+        """(window start, peak) pairs; malformed, non-finite, negative or absurd ones are skipped."""
         try:
             raw = self.client.hgetall(self.peaks_key)
         except self.errors as exc:
@@ -111,7 +182,11 @@ class TrafficStatsStore:
         peaks = []
         for key, value in raw.items():
             try:
-                peaks.append((float(key), float(value)))
+                stamp, peak = float(key), float(value)
             except ValueError:
-                continue
+                stamp = peak = math.nan
+            if _in_range(stamp, math.inf) and _in_range(peak, MAX_PEAK_ACTIVE):
+                peaks.append((stamp, peak))
+            else:
+                self.malformed += 1
         return sorted(peaks)

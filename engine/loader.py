@@ -99,6 +99,25 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
             peaks = store.load_peaks()
         except StoreUnavailable as exc:
             failures.append({"stage": "plan", "error": str(exc)})
+        if store is not None and store.malformed:
+            failures.append({"stage": "plan", "error": f"skipped {store.malformed} malformed traffic values"})
+    try:
+        buckets, kv = _plan(config, max_len, histogram, reserved, peaks)
+    except Exception as exc:  # recorded traffic is data from Redis: a plan it breaks must not stop the load
+        failures.append({"stage": "plan", "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        histogram = {}
+        buckets, kv = _plan(config, max_len, histogram, {}, [])
+    return TrafficPlan(buckets, histogram, kv, store, failures)
+
+
+def _plan(
+    config: EngineConfig,
+    max_len: int,
+    histogram: dict[int, int],
+    reserved: dict[int, int],
+    peaks: list[tuple[float, float]],
+) -> tuple[BucketPlan, KVPoolPlan]:
+    """Buckets and KV pools from recorded traffic; with none, the configured defaults."""
     buckets = plan_buckets(histogram, max_len, config.prompt_buckets, min_samples=config.plan_min_samples)
     slots = config.max_batch_size
     if config.plan_kv_from_traffic and peaks:
@@ -107,7 +126,7 @@ def plan_from_traffic(config: EngineConfig, model_dir: Path, max_len: int, model
     kv = single_pool(slots, max_len)
     if config.plan_kv_from_traffic and config.kv_length_classes:
         kv = plan_kv_pools(reserved, slots, max_len, buckets.buckets, min_samples=config.plan_min_samples)
-    return TrafficPlan(buckets, histogram, kv, store, failures)
+    return buckets, kv
 
 
 def check_redis(config: EngineConfig, log) -> None:

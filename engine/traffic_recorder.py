@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cache.traffic_stats import HISTOGRAMS, PROMPT, RESERVED, StoreUnavailable, TrafficStatsStore
 
@@ -55,28 +55,35 @@ class TrafficRecorder:
         self.flush()
 
     def flush(self) -> bool:
-        """Ship what was collected; on failure keep it for the next try (bounded by distinct lengths)."""
+        """Ship what was collected; keep for the next try only what Redis did not take (bounded by
+        distinct lengths): a count it refused is sent again, one it took is not (unless the connection
+        failed mid-flush: then which took is unknown, and all are kept)."""
         if self.store is None:
             return False
         with self._lock:
             lengths, peak = self._lengths, self._peak
             self._lengths, self._peak = _empty_histograms(), 0
-        unsent = dict(lengths)  # what Redis has not taken yet: a failure keeps only that, never twice
+        unsent: dict[str, Mapping[int, int]] = dict(lengths)
+        problems: list[str] = []
         try:
             for histogram, counts in lengths.items():
-                self.store.add_lengths(counts, histogram)
-                del unsent[histogram]
+                write = self.store.add_lengths(counts, histogram)
+                unsent[histogram] = write.unsent
+                problems.extend(write.errors)
             if peak:
                 self.store.add_peak(time.time(), peak)
-            return True
+                peak = 0
         except StoreUnavailable as exc:
-            self.flush_failures += 1
-            with self._lock:
-                for histogram, counts in unsent.items():
-                    self._lengths[histogram].update(counts)
-                self._peak = max(self._peak, peak)
-            self.on_error(str(exc))
-            return False
+            problems.append(str(exc))
+        if not problems:
+            return True
+        self.flush_failures += 1
+        with self._lock:
+            for histogram, counts in unsent.items():
+                self._lengths[histogram].update(counts)
+            self._peak = max(self._peak, peak)
+        self.on_error("; ".join(problems))
+        return False
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
