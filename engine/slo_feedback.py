@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cache.response_cache import is_wrong_type
+from cache.wrong_type import is_wrong_type
 from cache.traffic_stats import StoreUnavailable, _redis_module
 from scheduler.feedback import Adaptation, FeedbackController, TierObservation
 from scheduler.tiers import TierTable
