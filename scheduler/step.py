@@ -11,7 +11,14 @@ from scheduler.messages import EngineRequestParams
 from scheduler.priority import assign
 from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import TierTable
-from scheduler.validation import Limits, build_request, validate_prompt, validate_tenant, validate_tier
+from scheduler.validation import (
+    Limits,
+    build_request,
+    validate_prompt,
+    validate_prompt_size,
+    validate_tenant,
+    validate_tier,
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class SchedulerStep:
         tier_of_request = self.tiers.get(validate_tier(tier, self.tiers))
         # the engine checks it again: Triton serves llm_engine directly too
         token = self.tenant_auth.check(tenant_name, tenant_token, None if own else tier_of_request)
+        validate_prompt_size(prompt, self.limits)
         ids = self.encode(prompt, tenant_name)
         params = build_request(
             text,

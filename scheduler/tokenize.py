@@ -14,6 +14,33 @@ from typing import Any
 from cache.sightings import Sightings
 
 
+PROMPT_SPECIAL_TOKENS = ("text", "parse")
+# a normalizer may drop characters before tokens cover the rest (control characters, combining accents
+# of decomposed text): a prompt is refused unread only past twice what the token limit can cover
+DROPPED_CHARACTERS_MARGIN = 2
+
+
+def treat_special_tokens(tokenizer: Any, mode: str) -> None:
+    """How prompt text that spells a special token ("</s>", "<|im_start|>") is read. "text": as the
+    characters it is, so a client cannot end or restart the model's input mid-prompt by typing EOS, and
+    its echoed prompt keeps the tag; "parse": as the token, for clients that format a chat template
+    themselves. The `<s>` the tokenizer's template adds is kept either way."""
+    if mode not in PROMPT_SPECIAL_TOKENS:
+        raise ValueError(
+            f"prompt_special_tokens must be one of {', '.join(PROMPT_SPECIAL_TOKENS)}, got {mode!r}"
+        )
+    tokenizer.encode_special_tokens = mode == "text"
+
+
+def max_prompt_chars(tokenizer: Any, max_prompt_tokens: int) -> int:
+    """The most characters a prompt of `max_prompt_tokens` tokens can have: no token covers more than its
+    vocabulary string's length (byte-level BPE: one character a byte, so never more characters), with
+    `DROPPED_CHARACTERS_MARGIN`. A longer prompt is refused before tokenization: tokenizing 32 MB took
+    the single scheduler instance 15 s, while every other client's request waited behind it."""
+    longest = max((len(token) for token in tokenizer.get_vocab(with_added_tokens=True)), default=1)
+    return max_prompt_tokens * max(longest, 1) * DROPPED_CHARACTERS_MARGIN
+
+
 def ids_encoder(tokenizer: Any, add_special_tokens: bool = True) -> Callable[[str], list[int]]:
     """`text -> ids` through `encode_batch_fast` where the `tokenizers` version has it: the same ids
     without tracking character offsets, which the step never reads. Measured on the CPU VM at 1800

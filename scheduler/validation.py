@@ -39,12 +39,18 @@ class Limits:
     max_prompt_tokens: int
     max_new_tokens: int
     default_max_tokens: int = 16
+    # characters past which a prompt cannot fit max_prompt_tokens (scheduler/tokenize.py
+    # `max_prompt_chars`): refused before it is tokenized; None: every prompt is tokenized
+    max_prompt_chars: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_prompt_tokens", "max_new_tokens", "default_max_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Limits.{name} must be an int >= 1, got {value!r}")
+        chars = self.max_prompt_chars
+        if chars is not None and (isinstance(chars, bool) or not isinstance(chars, int) or chars < 1):
+            raise ValueError(f"Limits.max_prompt_chars must be an int >= 1 or None, got {chars!r}")
 
     @property
     def effective_default_max_tokens(self) -> int:
@@ -91,6 +97,12 @@ def _load_json_object(raw: str | bytes) -> dict[str, Any]:
         raise _invalid(
             f"sampling_parameters is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
             f"(char {exc.pos}); expected a JSON object with keys from: {', '.join(SAMPLING_KEYS)}"
+        ) from None
+    except (RecursionError, ValueError) as exc:  # nested past the parser's depth; a 5000-digit integer
+        why = "nested too deep" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise _invalid(
+            f"sampling_parameters is not valid JSON: {why}; "
+            f"expected a JSON object with keys from: {', '.join(SAMPLING_KEYS)}"
         ) from None
     if not isinstance(value, dict):
         raise _invalid(
@@ -229,6 +241,16 @@ def validate_prompt_length(prompt_token_count: int, limits: Limits) -> None:
     """Reject prompts longer than the deployment allows (they would not fit the KV budget)."""
     if prompt_token_count > limits.max_prompt_tokens:
         raise _invalid(f"prompt has {prompt_token_count} {PROMPT_TOO_LONG} {limits.max_prompt_tokens} tokens")
+
+
+def validate_prompt_size(prompt: str, limits: Limits) -> None:
+    """Reject, before tokenizing it, a prompt with more characters than `max_prompt_tokens` can cover:
+    the step has one instance, and every other request would wait while it tokenizes megabytes."""
+    if limits.max_prompt_chars is not None and len(prompt) > limits.max_prompt_chars:
+        raise _invalid(
+            f"prompt has more than {limits.max_prompt_tokens} {PROMPT_TOO_LONG} {limits.max_prompt_tokens} "
+            f"tokens (its {len(prompt)} characters cannot fit: at most {limits.max_prompt_chars} can)"
+        )
 
 
 def validate_tenant(tenant: str | bytes | None) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from cache.fingerprint import model_max_len, serving_fingerprint
 from cache.response_cache import ExactResponseCache, exact_key, exact_namespace
+from scheduler.errors import RequestError
 from scheduler.step import SchedulerStep
 from scheduler.tiers import TierTable
 from scheduler.validation import Limits
@@ -69,3 +70,18 @@ def test_the_serving_fingerprint_follows_the_engines_parameters(tmp_path):
         != serving_fingerprint(tmp_path, 1024, "bfloat16")
         != serving_fingerprint(tmp_path, 512, "float32")
     )
+
+
+def test_a_prompt_past_the_character_bound_is_refused_before_it_is_tokenized():
+    """Tokenizing 32 MB took the single scheduler instance 15 s while every other request waited."""
+
+    def encode(text: str, tenant: str) -> list[int]:
+        raise AssertionError("a prompt that cannot fit was tokenized")
+
+    limits = Limits(max_prompt_tokens=100, max_new_tokens=64, max_prompt_chars=1000)
+    s = SchedulerStep(encode=encode, limits=limits, tiers=TierTable.defaults())
+    with pytest.raises(RequestError) as info:
+        s.prepare("x" * 1001, None, True, None, None, "t", now_ns=1)
+    assert info.value.code == "INVALID_ARG"
+    assert "more than 100 tokens; allowed: at most 100 tokens (its 1001 characters" in info.value.message
+    assert prepare(step(None), {"max_tokens": 4}).input_ids  # a prompt under the bound is tokenized

@@ -110,6 +110,18 @@ def test_malformed_json_quotes_position() -> None:
 
 
 @pytest.mark.parametrize(
+    ("raw", "why"),
+    [("[" * 100_000, "nested too deep"), ('{"seed": ' + "1" * 5000 + "}", "4300 digits")],
+    ids=["deep", "bigint"],
+)
+def test_json_past_the_parsers_limits_is_invalid_not_internal(raw: str, why: str) -> None:
+    """The parser raises RecursionError and ValueError there, not JSONDecodeError: they were INTERNAL
+    errors with a Python traceback's words."""
+    msg = rejected(raw)
+    assert "not valid JSON" in msg and why in msg and "max_tokens, temperature" in msg
+
+
+@pytest.mark.parametrize(
     ("raw", "kind"), [("[1, 2]", "array"), ('"x"', "string"), ("3", "number"), ("null", "null")]
 )
 def test_non_object_rejected(raw: str, kind: str) -> None:

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from client.generate import GenerationError, StreamingSession, generate
 from client.metrics import metric_total, scrape_metrics
@@ -109,6 +110,9 @@ BAD_REQUESTS = [
     ("hi", json.dumps({"top_p": 0}), None, "top_p"),
     ("hi", json.dumps({"best_of": 2}), None, "allowed"),
     ("hi", json.dumps([1, 2]), None, "object"),
+    ("hi", "[" * 100_000, None, "not valid JSON: nested too deep"),  # was INTERNAL: RecursionError
+    ("hi", '{"seed": ' + "9" * 5000 + "}", None, "not valid JSON: Exceeds the limit"),  # was INTERNAL
+    ("x" * 4_000_000, None, None, "characters cannot fit"),  # refused before tokenization
     ("hi", None, "gold", "allowed: critical, warmup, standard, batch"),
 ]
 
@@ -150,6 +154,53 @@ def test_wrong_input_type_or_shape_is_rejected(grpc_url, name, array, dtype, exp
     _, error = results.get(timeout=60)
     client.stop_stream()
     assert error is not None and expected.lower() in str(error).lower()
+    assert generate(grpc_url, "still serving", sampling={"max_tokens": 3}).text
+
+
+def test_prompt_text_that_spells_a_special_token_is_text_to_the_model(grpc_url):
+    """ "</s>" typed in a prompt became the EOS token mid-input, and the echoed prompt lost the tag."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    prompt = "Quote the tag </s> literally, and <s> too"
+    ids = client.infer("slo_scheduler", [_bytes_input("text_input", prompt.encode())]).as_numpy("input_ids")
+    assert 1 not in ids.tolist() and 0 not in ids.tolist()[1:], f"user text became control tokens: {ids}"
+    echoed = generate(
+        grpc_url,
+        prompt,
+        sampling={"max_tokens": 3, "temperature": 0},
+        stream=False,
+        exclude_input_in_output=False,
+    )
+    assert echoed.text.startswith(prompt), repr(echoed.text)
+
+
+def _detokenizer_inputs(read_offset: int, request_key: list[int]) -> list[grpcclient.InferInput]:
+    arrays = {
+        "token_ids": (np.array([5, 6, 7], np.int64), "INT64"),
+        "read_offset": (np.array([read_offset], np.int32), "INT32"),
+        "is_final": (np.array([False]), "BOOL"),
+        "trim_bytes": (np.array([0], np.int32), "INT32"),
+        "request_key": (np.array(request_key, np.int64), "INT64"),
+    }
+    tensors = []
+    for name, (array, dtype) in arrays.items():
+        tensors.append(grpcclient.InferInput(name, list(array.shape), dtype))
+        tensors[-1].set_data_from_numpy(array)
+    return tensors
+
+
+@pytest.mark.parametrize(
+    ("read_offset", "request_key", "named"), [(9, [0, 0], "read_offset"), (0, [0, 0, 0], "request_key")]
+)
+def test_the_detokenizer_answers_input_that_does_not_fit_with_invalid_arg(
+    grpc_url, read_offset, request_key, named
+):
+    """The step is public: a window its offset lies outside of, or a key of three values, is the
+    caller's mistake (INVALID_ARG naming the input), not the server's (INTERNAL)."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("detokenizer", _detokenizer_inputs(read_offset, request_key))
+    assert "INVALID_ARG" in str(caught.value.status()) and named in caught.value.message()
+    assert client.infer("detokenizer", _detokenizer_inputs(0, [0, 0])).as_numpy("text_output") is not None
     assert generate(grpc_url, "still serving", sampling={"max_tokens": 3}).text
 
 

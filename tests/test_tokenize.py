@@ -8,7 +8,14 @@ from types import SimpleNamespace
 import pytest
 from tokenizers import Tokenizer
 
-from scheduler.tokenize import PrefixTokenizer, PrefixTokenStats, ids_encoder, safe_splits
+from scheduler.tokenize import (
+    PrefixTokenizer,
+    PrefixTokenStats,
+    ids_encoder,
+    max_prompt_chars,
+    safe_splits,
+    treat_special_tokens,
+)
 from tests.conftest import MODEL_DIR
 
 TEXTS = [
@@ -119,3 +126,30 @@ def test_warming_leaves_no_entry_and_no_counts(tokenizer):
     prefixed.warm()
     assert not prefixed._prefixes and prefixed.stats == PrefixTokenStats() and prefixed.enabled
     assert prefixed._composed >= prefixed.verify_first  # the first checks ran on synthetic text
+
+
+def test_prompt_text_that_spells_a_special_token_stays_text_unless_parse_is_asked():
+    """ "</s>" typed in a prompt was the EOS token: a client could end the model's input mid-prompt, and the
+    echoed prompt lost the tag. The `<s>` the template adds stays."""
+    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    bos, eos = tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>")
+    prompt = "Quote the tag </s> literally, and <s> too"
+    treat_special_tokens(tokenizer, "parse")
+    assert eos in tokenizer.encode(prompt).ids
+    treat_special_tokens(tokenizer, "text")
+    ids = tokenizer.encode(prompt).ids
+    assert ids[0] == bos and bos not in ids[1:] and eos not in ids
+    assert tokenizer.decode(ids, skip_special_tokens=True).strip() == prompt
+    with pytest.raises(ValueError, match="prompt_special_tokens must be one of text, parse"):
+        treat_special_tokens(tokenizer, "maybe")
+
+
+def test_no_prompt_of_at_most_the_token_limit_has_more_characters_than_the_bound(tokenizer):
+    """The bound must never refuse a prompt that fits: text made of the vocabulary's longest entries
+    has the most characters a token count allows."""
+    vocab = tokenizer.get_vocab()
+    longest = sorted(vocab, key=len)[-50:]
+    text = "".join(tokenizer.decode([vocab[token]]) for token in longest)
+    tokens = len(tokenizer.encode(text).ids)
+    assert len(text) <= max_prompt_chars(tokenizer, tokens) // 2
+    assert max_prompt_chars(tokenizer, 100) == 100 * max(map(len, vocab)) * 2

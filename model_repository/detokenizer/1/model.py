@@ -14,6 +14,7 @@ from adapters.triton_common import (
 from engine.cancel_mailbox import CancelMailbox
 from engine.cancel_poll import PollSchedule
 from engine.detokenize import TokenDecoder
+from scheduler.errors import RequestError
 
 
 def _text_response(piece: str):
@@ -24,6 +25,13 @@ def _text_response(piece: str):
 
 def _values(request, name):
     return pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)
+
+
+def _request_key(request) -> tuple[int, int]:
+    values = _values(request, "request_key")
+    if len(values) != 2:
+        raise ValueError(f"request_key must hold 2 values (namespace, key), got {len(values)}")
+    return int(values[0]), int(values[1])
 
 
 class TritonPythonModel:
@@ -50,7 +58,7 @@ class TritonPythonModel:
 
     def _one(self, request, local=False):
         try:
-            namespace, key = (int(v) for v in _values(request, "request_key"))
+            namespace, key = _request_key(request)
             final = bool(_values(request, "is_final")[0])
             if final:
                 self.polls.forget((namespace, key))
@@ -67,5 +75,7 @@ class TritonPythonModel:
                 int(_values(request, "trim_bytes")[0]),
             )
             return _text_response(piece)
+        except ValueError as exc:  # a key, offset or trim that does not fit the window: the caller's
+            return error_response(RequestError.invalid(str(exc)))
         except Exception as exc:
             return error_response(exc)

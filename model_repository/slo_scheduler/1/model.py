@@ -24,7 +24,7 @@ from scheduler.drain import DrainSwitch
 from scheduler.step import SchedulerStep
 from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import TierTable
-from scheduler.tokenize import PrefixTokenizer
+from scheduler.tokenize import PrefixTokenizer, max_prompt_chars, treat_special_tokens
 from scheduler.validation import Limits
 
 
@@ -44,6 +44,7 @@ class TritonPythonModel:
         params = model_parameters(args)
         model_dir = Path(params["model_dir"])
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        treat_special_tokens(tokenizer, params.get("prompt_special_tokens", "text"))
         tiers = TierTable.load(params["tiers_file"]) if params.get("tiers_file") else TierTable.defaults()
         max_seq_len = int(params.get("max_seq_len", "2048"))
         max_prompt = max_seq_len - 1
@@ -60,7 +61,9 @@ class TritonPythonModel:
         self.step = SchedulerStep(
             encode=self.encoder,
             limits=Limits(
-                max_prompt_tokens=max_prompt, max_new_tokens=int(params.get("max_new_tokens", "512"))
+                max_prompt_tokens=max_prompt,
+                max_new_tokens=int(params.get("max_new_tokens", "512")),
+                max_prompt_chars=max_prompt_chars(tokenizer, max_prompt),
             ),
             tiers=tiers.for_device(params.get("device", "cpu")),
             exact_fingerprint=exact_fingerprint,
