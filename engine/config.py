@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field, fields
 
 from engine.cache_sizing import CacheRequest, parse_memory
+from scheduler.sampling_rules import DEFAULT_MAX_NEW_TOKENS
 
 _ENV_REF = re.compile(r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?\}$")
 
@@ -61,6 +62,7 @@ MINIMUMS = (
     ("l3_tenant_max_blocks", 0, " (0: no quota)"),
     ("l3_explore_s", 0, " (0: never explore)"),
     ("prefix_block_size", 1, " token"),
+    ("max_new_tokens", 1, ""),
 )
 
 
@@ -73,6 +75,8 @@ class EngineConfig:
     dtype: str = "float32"
     max_batch_size: int = 8
     max_seq_len: int = 2048
+    # the scheduler step's cap on max_tokens (the same LLM_MAX_NEW_TOKENS), enforced on direct requests too
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     warmup: bool = True
     prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     min_batch_size: int = 2

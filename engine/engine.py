@@ -24,7 +24,7 @@ from engine.l3_prefetch import L3Prefetcher
 from engine.lookup_pool import LookupPool
 from engine.prefix_cache import PrefixCache, PrefixHint
 from engine.queueing import Ewma, PolicyQueue
-from engine.requests import EngineRequest
+from engine.requests import EngineRequest, check_params
 from engine.sampling import Sampler, TokenPicker
 from engine.stop_strings import StopMatcher
 from engine.traffic_recorder import TrafficRecorder
@@ -35,6 +35,7 @@ from scheduler.admission import AdmissionController, EngineLoad
 from scheduler.feedback import FeedbackController
 from scheduler.preemption import Contender, PreemptionPolicy, RunningRequest
 from scheduler.priority import assign
+from scheduler.sampling_rules import DEFAULT_MAX_NEW_TOKENS
 from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import WARMUP_TIER, Tier, TierTable
 
@@ -85,12 +86,14 @@ class Engine:
         tiers: TierTable | None = None,
         queue_policy: str = "slo",
         max_queued: int | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         admission: AdmissionController | None = None,
         preemption: PreemptionPolicy | None = None,
     ):
         self.runner = runner
         self.token_bytes = token_bytes
         self.eos_ids = eos_ids
+        self.max_new_tokens = max_new_tokens  # the scheduler step's cap, for requests sent here directly
         self.prompt_buckets = tuple(b for b in prompt_buckets if b < runner.max_len) + (runner.max_len,)
         self.observer = observer or EngineObserver()
         self.cancelled_elsewhere = cancelled_elsewhere or set
@@ -141,6 +144,7 @@ class Engine:
         requests (and Triton's warmup samples), which may use a restricted tier without a token; a named
         tenant's token is checked all the same."""
         tier = self.tiers.get(request.params.tier)  # an unknown tier: INVALID_ARG
+        check_params(request.params, self.max_new_tokens)
         self.tenant_auth.check(request.params.tenant, request.params.tenant_token, None if own else tier)
         length = len(request.prompt_ids)
         if length == 0:

@@ -389,6 +389,7 @@ def load_engine(
         tiers=tiers,
         queue_policy=config.queue_policy,
         max_queued=config.max_queued,
+        max_new_tokens=config.max_new_tokens,
         admission=AdmissionController(tiers, max_queued=config.max_queued)
         if config.admission_control
         else None,

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from scheduler.errors import RequestError
 from scheduler.messages import EngineRequestParams
+from scheduler.sampling_rules import SAMPLING_KEYS, check_sampling
+from scheduler.validation import TENANT_RULE, validate_tenant
 
 if TYPE_CHECKING:
     from engine.prefix_cache import PrefixHint
@@ -40,3 +43,12 @@ class EngineRequest:
     scheduling_ns: int = 0  # time spent deciding about it: admission, queueing, dispatch, preemption
     prefix_hint: PrefixHint | None = None  # its prefix keys and L3 probe, started on arrival
     response_key: ResponseKey | None = None  # its exact response-cache key, from its lookup on arrival
+
+
+def check_params(params: EngineRequestParams, max_new_tokens: int) -> None:
+    """RequestError (INVALID_ARG) for parameters the scheduler step would have refused, by its own rules:
+    Triton serves llm_engine to anyone, and a direct request was held to none of the step's limits
+    (max_tokens past the cap, top_p 0 failing as INTERNAL, stop strings of any number and length)."""
+    check_sampling({key: getattr(params, key) for key in SAMPLING_KEYS}, max_new_tokens, "request_params")
+    if validate_tenant(params.tenant) != params.tenant:  # "": the step sends "default" instead
+        raise RequestError.invalid(f"invalid tenant {params.tenant!r}; allowed: {TENANT_RULE}")

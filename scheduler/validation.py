@@ -12,21 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import RequestError
-from scheduler.messages import (
-    CACHE_MODES,
-    MIN_TEMPERATURE,
-    EngineRequestParams,
-    is_int,
-    is_number,
-    utf8_encodable,
-)
+from scheduler.messages import CACHE_MODES, EngineRequestParams
+from scheduler.sampling_rules import SAMPLING_KEYS, check_sampling
 from scheduler.tiers import TierTable
 
-SAMPLING_KEYS: tuple[str, ...] = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-MAX_SEED = 2**63 - 1
-MAX_STOP_SEQUENCES = 8
-MAX_STOP_CHARS = 64
-MAX_TEMPERATURE = 2.0
 DEFAULT_TENANT = "default"
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 TENANT_RULE = "1..64 characters from [A-Za-z0-9_.-]"
@@ -126,45 +115,6 @@ def _json_type(value: object) -> str:
     return "object"
 
 
-def _show(value: object) -> str:
-    """The value as the client wrote it (JSON), so `true` and `"5"` read as sent."""
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def _int_in(key: str, value: object, low: int, high: int | None) -> int:
-    if not is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
-        bound = f"{low}..{high}" if high is not None else f">= {low}"
-        raise _invalid(f"sampling_parameters.{key} must be an integer {bound}, got {_show(value)}")
-    return int(value)  # type: ignore[arg-type]
-
-
-def _parse_stop(value: object) -> tuple[str, ...]:
-    rule = (
-        f"a string or a list of at most {MAX_STOP_SEQUENCES} non-empty strings "
-        f"of at most {MAX_STOP_CHARS} characters"
-    )
-    if value is None:
-        return ()
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list):
-        raise _invalid(f"sampling_parameters.stop must be {rule}, got {_show(value)}")
-    if len(items) > MAX_STOP_SEQUENCES:
-        raise _invalid(f"sampling_parameters.stop has {len(items)} entries; allowed: {rule}")
-    for item in items:
-        if not isinstance(item, str) or not item or len(item) > MAX_STOP_CHARS:
-            raise _invalid(f"sampling_parameters.stop entry {_show(item)} is invalid; allowed: {rule}")
-        # matched as UTF-8 bytes and hashed into cache keys: a lone surrogate would raise there
-        if not utf8_encodable(item):
-            raise _invalid(
-                f"sampling_parameters.stop entry {json.dumps(item)} is not Unicode text (a lone surrogate "
-                "escape)"  # escaped: the message itself must encode
-            )
-    return tuple(items)
-
-
 def parse_sampling_parameters(raw: str | bytes | None, limits: Limits) -> dict[str, Any]:
     """Parse the `sampling_parameters` JSON into the sampling fields of `EngineRequestParams`.
 
@@ -186,37 +136,7 @@ def parse_sampling_parameters(raw: str | bytes | None, limits: Limits) -> dict[s
         "stop": (),
         "ignore_eos": False,
     }
-    if "max_tokens" in given:
-        out["max_tokens"] = _int_in("max_tokens", given["max_tokens"], 1, limits.max_new_tokens)
-    if "temperature" in given:
-        value = given["temperature"]
-        if not is_number(value) or not 0.0 <= value <= MAX_TEMPERATURE:
-            raise _invalid(
-                f"sampling_parameters.temperature must be a number in [0, {MAX_TEMPERATURE:g}] "
-                f"(0 = greedy), got {_show(value)}"
-            )
-        out["temperature"] = float(value) if value >= MIN_TEMPERATURE else 0.0  # greedy: see MIN_TEMPERATURE
-    if "top_p" in given:
-        value = given["top_p"]
-        if not is_number(value) or not 0.0 < value <= 1.0:
-            raise _invalid(f"sampling_parameters.top_p must be a number in (0, 1], got {_show(value)}")
-        out["top_p"] = float(value)
-    if "top_k" in given:
-        out["top_k"] = _int_in("top_k", given["top_k"], 0, None)
-    if "seed" in given and given["seed"] is not None:
-        seed = given["seed"]
-        if not is_int(seed) or not 0 <= seed <= MAX_SEED:
-            raise _invalid(
-                f"sampling_parameters.seed must be null or an integer 0..2**63-1, got {_show(seed)}"
-            )
-        out["seed"] = int(seed)
-    if "stop" in given:
-        out["stop"] = _parse_stop(given["stop"])
-    if "ignore_eos" in given:
-        value = given["ignore_eos"]
-        if not isinstance(value, bool):
-            raise _invalid(f"sampling_parameters.ignore_eos must be true or false, got {_show(value)}")
-        out["ignore_eos"] = value
+    out.update(check_sampling(given, limits.max_new_tokens, "sampling_parameters"))
     return out
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import engine.engine as engine_module
 from conftest import wait_for
 from engine.engine import Engine
 from engine.model_runner import ModelRunner
@@ -422,17 +423,25 @@ def test_a_token_id_outside_the_vocabulary_fails_only_its_own_request(model):
     assert not running.errors and len(running.tokens) == 6
 
 
-def test_a_request_that_raises_as_it_starts_fails_alone_and_frees_its_slot(model):
-    """A stop string that cannot be matched (a lone surrogate: validation refuses it, but a request sent
-    to the engine model directly is not validated by the scheduler step) raised in the request's first
-    token; the engine loop's catch-all then failed every running request and the slot was lost."""
+def test_a_request_that_raises_as_it_starts_fails_alone_and_frees_its_slot(model, monkeypatch):
+    """A stop string that could not be matched (a lone surrogate, which `submit` now refuses) raised in
+    the request's first token; the engine loop's catch-all then failed every running request and the slot
+    was lost. Here the stop matcher raises for one request's stop string instead."""
+    real_matcher = engine_module.StopMatcher
+
+    def matcher(stops):
+        if "boom" in stops:
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        return real_matcher(stops)
+
+    monkeypatch.setattr(engine_module, "StopMatcher", matcher)
     engine = make_engine(model, slots=2)
     engine.start()
     try:
         bystander, victim, after = RecordingSink(), RecordingSink(), RecordingSink()
         engine.submit(request([1, 5, 6, 7], bystander, "a", max_tokens=60))
         assert wait_for(lambda: len(bystander.windows) >= 2, 20), "the bystander is decoding"
-        engine.submit(request([1, 8, 9], victim, "b", temperature=0.7, stop=("\ud800",)))
+        engine.submit(request([1, 8, 9], victim, "b", temperature=0.7, stop=("boom",)))
         assert wait_for(lambda: victim.finished and bystander.finished, 30)
         assert (
             victim.errors and victim.errors[0][0] == "INTERNAL" and "failed to start" in victim.errors[0][1]
@@ -506,3 +515,26 @@ def test_a_direct_request_gets_no_more_precedence_than_its_tier(model):
     assert first == ["blocker", "crit", "jumper"]
     with pytest.raises(RequestError):
         engine.submit(request([1, 5], RecordingSink(), rid="odd", tier="gold"))
+
+
+def test_a_direct_request_outside_the_scheduler_steps_ranges_is_refused_at_submit(model):
+    """llm_engine is served to anyone, and `request_params` were only type-checked: max_tokens past the
+    deployment's cap ran in full, top_p 0 failed as INTERNAL in its first token, and hundreds of long stop
+    strings slowed every tenant's decode steps. Found in review. The bystander runs on unaffected."""
+    runner = ModelRunner(model, slots=2, max_len=128, kv_buckets=BUCKETS)
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, max_new_tokens=20)
+    bystander = RecordingSink()
+    engine.submit(request([1, 5, 6], bystander, "a", max_tokens=20))
+    engine.step()
+    bad = [({"max_tokens": 21}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"),
+           ({"temperature": 0.8, "top_p": 0.0}, "top_p"), ({"temperature": 0.8, "top_k": -1}, "top_k"),
+           ({"temperature": 50.0}, "temperature"), ({"stop": ("q" * 20000,) * 300}, "stop")]  # fmt: skip
+    for params, named in bad:
+        sink = RecordingSink()
+        with pytest.raises(RequestError) as info:
+            engine.submit(request([1, 8, 9], sink, "bad", **params))
+        assert info.value.code == "INVALID_ARG" and info.value.message.startswith(f"request_params.{named} ")
+        assert not sink.windows
+    run_until_idle(engine)
+    assert not bystander.errors and len(bystander.tokens) == 20
+    assert engine.stats.prefill_steps == 1, "a refused request reached the model"

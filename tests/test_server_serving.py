@@ -315,8 +315,9 @@ def test_a_kv_only_request_reuses_the_prefix_but_is_never_answered_from_the_resp
     assert ordinary.text == kv_only.text and counters()[0] == cached, "a kv-only request kept its response"
 
 
-def engine_tokens(grpc_url: str, prompt_ids: list[int], params: dict) -> list[int]:
-    """A request sent to the engine step directly, as a client could, bypassing the scheduler step."""
+def engine_reply(grpc_url: str, prompt_ids: list[int], params: dict) -> tuple[list[int], str | None]:
+    """(tokens, error message or None) of a request sent to the engine step directly, as a client could,
+    bypassing the scheduler step."""
     client = grpcclient.InferenceServerClient(grpc_url)
     results: queue.Queue = queue.Queue()
     raw = np.frombuffer(json.dumps(params).encode(), dtype=np.uint8)
@@ -337,13 +338,37 @@ def engine_tokens(grpc_url: str, prompt_ids: list[int], params: dict) -> list[in
         tokens: list[int] = []
         while True:
             result, error = results.get(timeout=60)
-            assert error is None, error.message()
+            if error is not None:
+                return tokens, error.message()
             tokens = result.as_numpy("token_ids").tolist()  # not streamed: the final window holds them all
             if result.as_numpy("is_final")[0]:
-                return tokens
+                return tokens, None
     finally:
         client.stop_stream()
         client.close()
+
+
+def engine_tokens(grpc_url: str, prompt_ids: list[int], params: dict) -> list[int]:
+    tokens, error = engine_reply(grpc_url, prompt_ids, params)
+    assert error is None, error
+    return tokens
+
+
+def test_a_direct_engine_request_is_held_to_the_scheduler_steps_limits(grpc_url):
+    """Found in review: llm_engine generated max_tokens 600 in full (the step's cap is 512), failed top_p 0
+    as INTERNAL and took any number of stop strings. Its cap is the step's own LLM_MAX_NEW_TOKENS."""
+    with pytest.raises(GenerationError) as step:
+        generate(grpc_url, "cap probe", sampling={"max_tokens": 513})
+    assert "max_tokens must be an integer 1..512" in str(step.value)
+    params = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True, "exclude_input_in_output": True}
+    for override, refusal in (
+        ({"max_tokens": 513}, "request_params.max_tokens must be an integer 1..512, got 513"),
+        ({"temperature": 0.8, "top_p": 0}, "request_params.top_p must be a number in (0, 1], got 0"),
+        ({"stop": ["s"] * 9}, "request_params.stop has 9 entries"),
+    ):
+        tokens, error = engine_reply(grpc_url, [1, 200, 300, 400], {**params, **override})
+        assert error is not None and refusal in error, f"{override}: {error or f'{len(tokens)} tokens'}"
+    assert len(engine_tokens(grpc_url, [1, 200, 300, 400], params)) == 4
 
 
 def test_a_key_forged_in_a_direct_engine_request_reads_no_other_tenants_answer(
