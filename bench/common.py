@@ -182,7 +182,7 @@ def machine_description() -> str:
 
 def print_table(headers: list[str], rows: list[list[object]]) -> str:
     cells = [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]  # no rows: headers
     lines = [
         "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",

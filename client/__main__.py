@@ -207,7 +207,16 @@ def run_forget_tenant(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     from cache.response_cache import make_redis_client
     from cache.tenant_erasure import erase_tenant
 
-    client = make_redis_client(args.redis_url, timeout_s=10.0)  # SCAN pages and batched UNLINKs
+    try:  # a name no server accepts was never a tenant: "deleted 0 keys" would read as an erasure done
+        validate_tenant(args.tenant)
+    except RequestError as exc:
+        print(f"error: {exc.message}", file=err)
+        return 2
+    try:
+        client = make_redis_client(args.redis_url, timeout_s=10.0)  # SCAN pages and batched UNLINKs
+    except ValueError as exc:  # a URL redis-py cannot read ("localhost:6379", no scheme)
+        print(f"error: {exc}", file=err)
+        return 2
     try:
         probe_topology(client)  # a SCAN of one master of several would leave the others' keys
         erasure = erase_tenant(client, args.tenant, dry_run=args.dry_run)
@@ -237,7 +246,11 @@ def run_cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
         from cache.response_cache import make_redis_client, redact_url
 
-        client = make_redis_client(args.redis_url, timeout_s=5.0)
+        try:
+            client = make_redis_client(args.redis_url, timeout_s=5.0)
+        except ValueError as exc:  # a URL redis-py cannot read ("localhost:6379", no scheme)
+            print(f"error: {exc}", file=err)
+            return 2
         try:
             memory = redis_memory(client)
         except (redis.RedisError, ValueError) as exc:  # ValueError: UnsupportedRedis

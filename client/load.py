@@ -387,6 +387,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     out, err = out or sys.stdout, err or sys.stderr
     args = build_parser().parse_args(argv)
     try:
+        if args.concurrency_limit is not None and args.concurrency_limit < 1:
+            raise ValueError(f"--concurrency-limit must be >= 1, got {args.concurrency_limit}")
         targets = parse_targets(args.targets) if args.targets else default_targets(args.device)
         if args.summarize_perf_analyzer:
             profiled = read_perf_analyzer_profile(args.summarize_perf_analyzer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import urllib.request
 
 
@@ -27,9 +28,14 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def scrape_metrics(metrics_url: str, timeout: float = 10.0) -> dict[str, float]:
-    """GET Triton's /metrics and parse it (see parse_metrics)."""
-    with urllib.request.urlopen(metrics_url, timeout=timeout) as resp:
-        return parse_metrics(resp.read().decode("utf-8", "replace"))
+    """GET Triton's /metrics and parse it (see parse_metrics). A port that does not answer HTTP (the
+    gRPC port typed for the metrics one) raises OSError, as an unreachable one does: callers catch one
+    kind of error, not http.client's own."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout) as resp:
+            return parse_metrics(resp.read().decode("utf-8", "replace"))
+    except http.client.HTTPException as exc:
+        raise OSError(f"{metrics_url} did not answer HTTP: {type(exc).__name__}: {exc}") from exc
 
 
 def metric_total(metrics: dict[str, float], name: str, **labels: str) -> float:

@@ -180,12 +180,30 @@ def parse_templates(data: object, source: str = "templates") -> list[SloTemplate
             raise ValueError(f"{where}: 'tenant' must be {TENANT_RULE}, got {tenant!r}")
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+        if not utf8_encodable(prompt):  # "\ud83d" in a double-quoted YAML string: half an emoji
+            raise ValueError(f"{where}: 'prompt' is not valid UTF-8 (a lone surrogate escape)")
         out.append(SloTemplate(scenario.strip(), tenant, prompt))
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice in one mapping is an error: YAML keeps the last, so a second
+    `scenarios:` list would silently drop the first one's templates."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_templates(path: Path) -> list[SloTemplate]:
-    return parse_templates(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+    return parse_templates(yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader), str(path))
 
 
 # ----------------------------------------------------------------------------------------------- selection
@@ -229,6 +247,8 @@ class SelectionConfig:
             raise ValueError(f"per_cluster must be >= 0, got {self.per_cluster}")
         if self.clusters is not None and self.clusters < 1:
             raise ValueError(f"clusters must be >= 1 or None (auto), got {self.clusters}")
+        if self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if not 0.0 < self.near_limit_fraction <= 1.0:
             raise ValueError(f"near_limit_fraction must be in (0, 1], got {self.near_limit_fraction}")
 
@@ -468,6 +488,16 @@ class SendConfig:
     # the response cache and prefills nothing.
     fill_response_cache: bool = False
 
+    def __post_init__(self) -> None:
+        """Checked when the options are read, so a dry run (how an operator checks a CronJob's arguments)
+        refuses what the real run would fail on."""
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+
     def sampling(self) -> dict[str, object]:
         return {"max_tokens": self.max_tokens, "temperature": 0.0 if self.fill_response_cache else 1.0}
 
@@ -489,8 +519,6 @@ def send_warmup_set(items: Sequence[WarmupItem], config: SendConfig, err: TextIO
     tokens: the point is the prefill (the KV blocks), not the text (see SendConfig.fill_response_cache
     for the sampling). Items left when `timeout_s` ran out are cancelled or not sent, and count as
     failed."""
-    if config.concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {config.concurrency}")
     sampling = config.sampling()
     deadline = time.monotonic() + config.timeout_s
     by_id: dict[str, WarmupItem] = {}
@@ -605,7 +633,7 @@ def token_counter(tokenizer: Path | None) -> TokenCounter:
 
 def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | None = None) -> int:
     """Select, print, and (unless dry run) send; 0 when every request succeeded, 1 when any failed,
-    2 when the inputs cannot be read."""
+    2 when the inputs cannot be read or the log holds lines but no usable record."""
     try:
         log = read_query_log(options.log, options.tenant_field)
         templates = load_templates(options.templates) if options.templates else []
@@ -615,6 +643,9 @@ def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | N
         return 2
     for line in log.describe_malformed(str(options.log)):
         print(line, file=err)
+    if log.total_lines and not log.records:  # a log shipper changed format: the peak would meet cold caches
+        print(f"error: none of the {log.total_lines} lines of {options.log} is a usable record", file=err)
+        return 2
     if embed is None:
         from cache.embedder import MiniLMEmbedder
 
