@@ -22,6 +22,7 @@ import heapq
 import itertools
 import math
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 
 import torch
 
@@ -75,10 +76,14 @@ class HostBlockPool:
         keep: frozenset[bytes] = frozenset(),
         pin: bool = False,
         rows: list[int] | None = None,
+        oldest_first: Sequence[bytes] = (),
     ) -> int:
         """`put` for a run of blocks [n, ...] on any device; returns how many were kept. `rows`: the row of
         `blocks` that holds each key's block (default: the key's position), so that blocks demoted from a
-        pool are copied out of it directly, with no gather into a temporary first.
+        pool are copied out of it directly, with no gather into a temporary first. `oldest_first`: the new
+        once-used keys in the order they should age here when it is not `keys`' (given in row order, so
+        that rows and slots stay runs, one copy each): a chain demoted from L1 ages tail first, as there,
+        so that L2 never drops a head and keeps a tail no lookup can reach.
 
         From CUDA, each run of consecutive slots is one asynchronous copy straight into pinned memory,
         and nothing waits for it: the device's stream orders it before any later copy out of or into
@@ -98,6 +103,11 @@ class HostBlockPool:
                 row_of_slot[index] = position if rows is None else rows[position]
         if not row_of_slot:
             return 0
+        young = self._young[1] if new_path else {}
+        for key in oldest_first:
+            if key in young:
+                young[key] = (next(self._tick),)
+                young.move_to_end(key)
         slots, sources = list(row_of_slot), list(row_of_slot.values())
         if blocks.is_cuda:
             copy_rows(self.pool, slots, blocks, sources, max_runs=math.inf, non_blocking=True)
@@ -159,16 +169,18 @@ class HostBlockPool:
         return self.pool[slots[0]] if slots else None
 
     def take_run(self, keys: list[bytes]) -> list[int]:
-        """The slots of the leading keys held here, each counted as a use. The caller copies the run
-        out of `pool` itself (on CUDA, one copy per run of consecutive slots): a tensor view per block
-        and a copy per block cost ~30 us a block on the H200 host, ~3.5 ms for a 2048-token prefix."""
+        """The slots of the leading keys held here, each counted as a use, the last key's first: the head
+        ends the most recent, as in L1. The caller copies the run out of `pool` itself (on CUDA, one copy
+        per run of consecutive slots): a tensor view per block and a copy per block cost ~30 us a block on
+        the H200 host, ~3.5 ms for a 2048-token prefix."""
         slots = []
         for key in keys:
             index = self.index.get(key)
             if index is None:
                 break
-            self._touch(key)
             slots.append(index)
+        for key in reversed(keys[: len(slots)]):  # the head used last: a chain ages tail first
+            self._touch(key)
         if slots:
             self.hits += len(slots)
             self.settle()

@@ -301,6 +301,7 @@ def build_prefix_cache(
     if sizes.l1_blocks == 0:
         return None
     cache = PrefixCache(runner, sizes.l1_blocks, config.prefix_block_size, fingerprint)
+    cache.log = log
     cache.l3 = build_l3(config, model_name, fingerprint, runner, log)
     cache.publish_on_first_use = config.l3_publish_first_use
     if sizes.l2_blocks > 0:

@@ -21,6 +21,7 @@ pure and may be called from any thread.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import struct
 import time
@@ -109,6 +110,12 @@ class PrefixCache:
         self.hit_blocks = 0
         self.lookup_seconds = 0.0  # what the cache costs every request, hit or not (host clock)
         self.store_seconds = 0.0
+        # exceptions a tier raised (a bug, a device or host memory failure; Redis errors are the store's
+        # own): the lookup keeps the prefix found so far, the store or demotion is dropped, the request
+        # computes the rest. One tier's failure must not end the request, nor every running one.
+        self.tier_errors = 0
+        self.last_tier_error: str | None = None
+        self.log: Callable[[str], None] = lambda message: None  # the engine's logger, set by the loader
         self.l2: HostBlockPool | None = None
         self._protected: set[bytes] = set()
         self.l3: L3Tier | None = None
@@ -185,14 +192,16 @@ class PrefixCache:
             if self.l2 is not None:
                 started = self.clock()
                 rest = keys[len(found) :]
-                promoted = self._promote_from_l2(rest, self.l2.take_run(rest))
+                promoted = self._guarded(
+                    "l2 lookup", lambda: self._promote_from_l2(rest, self.l2.take_run(rest))
+                )
                 self._pending.append(("l2", len(promoted), self.clock() - started))
                 found += promoted
             if self.l3 is not None and len(found) < len(keys) and keys[len(found)] not in asked:
                 started = self.clock()
-                present = None if hint is None or hint.probe is None else self.l3.wait_probe(hint.probe)
-                rest = None if present is None else present[len(found) :]
-                promoted = self._promote(keys[len(found) :], self.l3.fetch(keys[len(found) :], rest))
+                promoted = self._guarded(
+                    "l3 lookup", lambda: self._promote_l3(keys[len(found) :], hint, len(found))
+                )
                 self._pending.append(("l3", len(promoted), self.clock() - started))
                 found += promoted
         finally:
@@ -201,6 +210,19 @@ class PrefixCache:
             self.index.move_to_end(key)
         self._reused += [(key, tenant) for key in found]  # to L3 by the next store, after the first token
         return [self.index[key] for key in found]
+
+    def _promote_l3(self, rest: list[bytes], hint: PrefixHint | None, skip: int) -> list[bytes]:
+        """The blocks of `rest` (the chain past its first `skip` blocks) that L3 holds, in L1."""
+        present = None if hint is None or hint.probe is None else self.l3.wait_probe(hint.probe)
+        return self._promote(rest, self.l3.fetch(rest, None if present is None else present[skip:]))
+
+    def _guarded(self, where: str, promote: Callable[[], list[bytes]]) -> list[bytes]:
+        """A lookup stage whose failure is a miss of that tier: the prefix found so far stands."""
+        try:
+            return promote()
+        except Exception as exc:
+            self._tier_failed(where, exc)
+            return []
 
     def load(self, slot: int, indices: list[int]) -> int:
         """Copy cached blocks into the start of `slot`; returns the number of tokens loaded.
@@ -242,8 +264,18 @@ class PrefixCache:
             with one_host_thread(self.pool.device):
                 self._publish_reused()
                 return self._store(slot, tokens, tenant, pin, publish, head or [])
+        except Exception as exc:  # a cache that fails to keep a prompt costs a later recompute, no more
+            self._tier_failed("store", exc)
+            return 0
         finally:
             self.store_seconds += self.clock() - started
+
+    def _tier_failed(self, where: str, exc: Exception) -> None:
+        self.tier_errors += 1
+        self.last_tier_error = f"{where}: {type(exc).__name__}: {exc}"
+        self.log(
+            json.dumps({"event": "cache_tier_error", "where": where, "error": f"{type(exc).__name__}: {exc}"})
+        )
 
     def _store(
         self, slot: int, tokens: Sequence[int], tenant: str, pin: bool, publish: bool, head: list[bytes]
@@ -263,7 +295,8 @@ class PrefixCache:
             self._protected = saved
         stored = missing[: len(indices)]
         if indices:  # new rows are the evicted ones once the pool is full: often 2-3 runs, a copy each
-            copy_rows(self.pool, indices, blocks, stored)
+            with self._freed_on_failure(indices):
+                copy_rows(self.pool, indices, blocks, stored)
             for i, index in zip(stored, indices):
                 self.index[keys[i]] = index
         for key in reversed(keys):  # as in lookup: the head ends most recent, so tails are evicted first
@@ -330,11 +363,12 @@ class PrefixCache:
         indices = self._allocate(min(len(keys), len(slots)), keep=frozenset(keys[: len(slots)]))
         if not indices:
             return []
-        if self.pool.is_cuda and l2.page_locked:
-            copy_rows(self.pool, indices, l2.pool, slots, max_runs=math.inf, non_blocking=True)
-            l2.note_device_use(self.pool.device)
-        else:
-            copy_rows(self.pool, indices, l2.pool, slots[: len(indices)], max_runs=0)
+        with self._freed_on_failure(indices):
+            if self.pool.is_cuda and l2.page_locked:
+                copy_rows(self.pool, indices, l2.pool, slots, max_runs=math.inf, non_blocking=True)
+                l2.note_device_use(self.pool.device)
+            else:
+                copy_rows(self.pool, indices, l2.pool, slots[: len(indices)], max_runs=0)
         return self._enter(keys, indices)
 
     def _promote(self, keys: list[bytes], blocks: list[torch.Tensor]) -> list[bytes]:
@@ -342,8 +376,19 @@ class PrefixCache:
         indices = self._allocate(min(len(keys), len(blocks)))
         if not indices:
             return []
-        self.pool[self._rows(indices)] = torch.stack(blocks[: len(indices)]).to(self.pool.device)
+        with self._freed_on_failure(indices):
+            self.pool[self._rows(indices)] = torch.stack(blocks[: len(indices)]).to(self.pool.device)
         return self._enter(keys, indices)
+
+    @contextmanager
+    def _freed_on_failure(self, indices: list[int]) -> Iterator[None]:
+        """Rows just allocated go back to the free list if filling them raises: indexed nowhere, they
+        would be lost to the cache for the life of the process."""
+        try:
+            yield
+        except BaseException:
+            self.free.extend(indices)
+            raise
 
     def _enter(self, keys: list[bytes], indices: list[int]) -> list[bytes]:
         """Index the leading `keys` at the rows `indices` just filled, protected until the lookup ends."""
@@ -367,9 +412,13 @@ class PrefixCache:
         self.evictions += len(evicted)
         indices += [index for index, _ in evicted]
         if evicted and self.l2 is not None:  # demote rather than forget, copied before any overwrite
-            evicted.sort()  # a chain is evicted tail first: descending rows
+            aging = [key for _, key in evicted]  # eviction order: a chain tail first, as L2 keeps it
+            evicted.sort()  # by row: rows and L2 slots then form runs
             keys, rows = [key for _, key in evicted], [index for index, _ in evicted]
-            self.l2.put_many(keys, self.pool, keep, rows=rows)  # straight out of the pool: no gather
+            try:  # straight out of the pool: no gather
+                self.l2.put_many(keys, self.pool, keep, rows=rows, oldest_first=aging)
+            except Exception as exc:  # the blocks are forgotten, as when L2 is full; the rows still serve
+                self._tier_failed("l2 demotion", exc)
         return sorted(indices)
 
     def _evict(self, count: int) -> list[tuple[int, bytes]]:

@@ -191,8 +191,9 @@ class ReferencePool:
         for key in keys:
             if key not in self.slots:
                 break
-            self.use(key)
             slots.append(self.slots[key])
+        for key in reversed(keys[: len(slots)]):  # the head used last
+            self.use(key)
         self.hits += len(slots)
         return slots
 

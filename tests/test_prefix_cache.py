@@ -350,8 +350,9 @@ class DemotionRecorder:
     def __init__(self):
         self.demoted: list[tuple[list[bytes], list[int], frozenset[bytes]]] = []
 
-    def put_many(self, keys, blocks, keep, rows):
+    def put_many(self, keys, blocks, keep, rows, oldest_first=()):
         self.demoted.append((keys, rows, keep))
+        self.aging = list(oldest_first)
 
 
 def scan_one_victim_at_a_time(index, free, pinned, protected, count):
