@@ -6,7 +6,6 @@ chain demoted from L1 ages tail first, as in L1, so that what L2 drops is never 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import pytest
 import torch
@@ -21,8 +20,8 @@ from engine.l2_pool import HostBlockPool
 from engine.model_runner import ModelRunner
 from engine.prefix_cache import PrefixCache
 from scheduler.preemption import PreemptionPolicy
-from scheduler.tiers import TierTable
 from tests.conftest import wait_for
+from tests.test_preemption import URGENT_TIERS, critical_request
 from tests.test_engine_batching import BUCKETS, EOS, RecordingSink, model, request, run_until_idle  # noqa: F401
 
 P = [1, *range(40, 88)]  # 49 tokens: 3 full blocks of 16
@@ -130,12 +129,7 @@ def test_a_demotion_that_raises_fails_no_running_request_and_loses_no_l1_row(mod
 def test_a_park_that_raises_on_preemption_loses_neither_request(model):  # noqa: F811
     """Preemption pops the urgent request, then parks the victim's KV: a park that raised left the
     popped request unanswered for good and failed the victim."""
-    urgent = TierTable(
-        tuple(
-            replace(t, ttft_target_ms=1.0) if t.name == "critical" else t for t in TierTable.defaults().tiers
-        )
-    )
-    engine = make(model, l1=3, l2=4, preemption=PreemptionPolicy(), tiers=urgent)
+    engine = make(model, l1=3, l2=4, preemption=PreemptionPolicy(), tiers=URGENT_TIERS)
     serve(engine, Q + [5], max_tokens=1)  # L1 full: parking must demote to L2
     batch, critical = RecordingSink(), RecordingSink()
     prompt = [1, *range(40, 75)]
@@ -147,17 +141,7 @@ def test_a_park_that_raises_on_preemption_loses_neither_request(model):  # noqa:
     engine.prefix_cache.l2.put_many = fail
     engine.start()
     try:
-        engine.submit(
-            request(
-                [1, 7, 8],
-                critical,
-                rid="crit",
-                priority=1,
-                tier="critical",
-                deadline=time.time_ns(),
-                max_tokens=3,
-            )
-        )
+        engine.submit(critical_request(critical))
         assert wait_for(lambda: critical.finished and batch.finished, 10), "a request was never answered"
     finally:
         engine.shutdown(1)

@@ -64,6 +64,19 @@ URGENT_TIERS = TierTable(
 )
 
 
+def critical_request(sink: RecordingSink, max_tokens: int = 3):
+    """A critical request due at once (see URGENT_TIERS): it preempts whatever runs in a lower tier."""
+    return request(
+        [1, 7, 8],
+        sink,
+        rid="crit",
+        priority=1,
+        tier="critical",
+        deadline=time.time_ns(),
+        max_tokens=max_tokens,
+    )
+
+
 def make_engine(model, slots=1, prefix_cache=False, policy=PreemptionPolicy()) -> Engine:  # noqa: F811
     runner = ModelRunner(model, slots=slots, max_len=128, kv_buckets=BUCKETS)
     engine = Engine(
@@ -104,17 +117,7 @@ def test_critical_overtakes_a_running_batch_request_which_resumes_unchanged(mode
     )
     for _ in range(5):
         engine.step()
-    engine.submit(
-        request(
-            [1, 7, 8],
-            critical,
-            rid="crit",
-            priority=1,
-            tier="critical",
-            deadline=time.time_ns(),
-            max_tokens=3,
-        )
-    )
+    engine.submit(critical_request(critical))
     while not critical.finished:
         engine.step()
     assert not batch.finished, "the critical request finished while the batch request still had work"

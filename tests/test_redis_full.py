@@ -4,7 +4,9 @@ of refusing."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -57,18 +59,27 @@ def test_a_read_only_replica_pauses_writes_and_is_counted_apart():
     assert not is_read_only(redis.exceptions.ResponseError("WRONGTYPE Operation against a key"))
 
 
-@pytest.fixture
-def replica_redis(tmp_path):
-    """A Redis of its own, turned into a replica of a master that never answers: reads work, writes
-    answer READONLY (a cache's Redis after a failover pointed it elsewhere)."""
+@contextlib.contextmanager
+def own_redis(tmp_path, **options: str) -> Iterator[tuple[str, redis.Redis]]:
+    """A redis-server of the test's own, started as the launcher starts one; (url, client)."""
     port = find_free_port()
-    proc, _ = start_redis_server("redis-server", tmp_path, port)
+    proc, _ = start_redis_server("redis-server", tmp_path, port, **options)
     url = f"redis://localhost:{port}/0"
     client = redis.Redis.from_url(url)
-    yield url, client
-    client.close()
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield url, client
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def replica_redis(tmp_path):
+    """To be turned into a replica of a master that never answers: reads work, writes answer READONLY (a
+    cache's Redis after a failover pointed it elsewhere)."""
+    with own_redis(tmp_path) as server:
+        yield server
 
 
 def _make_replica(client: redis.Redis) -> None:
@@ -104,15 +115,9 @@ def test_a_read_only_replica_refuses_answers_and_blocks_yet_serves_the_cached_on
 
 @pytest.fixture
 def small_redis(tmp_path):
-    """A Redis of 4 MB of its own, started as the launcher starts one."""
-    port = find_free_port()
-    proc, _ = start_redis_server("redis-server", tmp_path, port, maxmemory="4mb")
-    url = f"redis://localhost:{port}/0"
-    client = redis.Redis.from_url(url)
-    yield url, client
-    client.close()
-    proc.terminate()
-    proc.wait(timeout=10)
+    """A Redis of 4 MB of its own."""
+    with own_redis(tmp_path, maxmemory="4mb") as server:
+        yield server
 
 
 def _fill(client: redis.Redis) -> None:
