@@ -73,6 +73,12 @@ class _PendingStore:
     head: list[bytes] | None
 
 
+def since_received_s(request: EngineRequest) -> float:
+    """Seconds since the request arrived, by the wall clock its arrival was stamped with: never negative,
+    though that clock may step back (NTP), since the figure feeds counters that must never decrease."""
+    return max(0.0, (time.time_ns() - request.received_ns) / 1e9)
+
+
 class Engine:
     def __init__(
         self,
@@ -233,7 +239,7 @@ class Engine:
         window = output if params.stream or params.exclude_input_in_output else request.prompt_ids + output
         request.sink.send(window, 0, True, 0)
         self.stats.count_finish("cached")
-        self.observer.on_first_token(params.tier, (time.time_ns() - request.received_ns) / 1e9)
+        self.observer.on_first_token(params.tier, since_received_s(request))
         self.observer.on_finish(params.tier, "cached", len(output))
         self._publish_cache_counters()
 
@@ -318,10 +324,12 @@ class Engine:
         if self.responses is not None:
             self.responses.close()
         message = "the model was unloaded before this request finished; retry"
-        for request in self._drain_queue():
-            request.sink.fail("UNAVAILABLE", message)
+        for request in self._drain_queue():  # suspended ones among them
+            self._end_queued(request, "error", "UNAVAILABLE", message)
         for state in list(self._active.values()):
             state.request.sink.fail("UNAVAILABLE", message)
+            self.stats.count_finish("error")
+            self.observer.on_finish(state.tier, "error", len(state.output))
             self._release(state, keep_prefix=False)
 
     def step(self) -> bool:
@@ -436,11 +444,17 @@ class Engine:
             self._next_expiry_ns = NEVER if soonest is None else soonest
         for request in expired:
             tier = request.params.tier or self.tiers.default_name
-            waited_ms = (time.time_ns() - (request.params.arrival_ns or request.received_ns)) / 1e6
-            message = (
-                f"queued {waited_ms:.0f} ms, past tier {tier!r}'s max_queue_ms: refused rather than run "
-                "late; retry on another replica or later"
-            )
+            if request.request_id in self._suspended:
+                message = (
+                    f"preempted by more urgent requests and not resumed within tier {tier!r}'s "
+                    "max_queue_ms: ended rather than left waiting; retry on another replica or later"
+                )
+            else:
+                waited_ms = (time.time_ns() - (request.params.arrival_ns or request.received_ns)) / 1e6
+                message = (
+                    f"queued {waited_ms:.0f} ms, past tier {tier!r}'s max_queue_ms: refused rather than run "
+                    "late; retry on another replica or later"
+                )
             self._end_queued(request, "expired", "UNAVAILABLE", message)
 
     def _cancel_queued(self, request: EngineRequest) -> None:
@@ -462,7 +476,9 @@ class Engine:
                     break
                 head = self._queue.peek(now)
                 need = self._reserved_len(head)
-                if (slot := self._fitting_slot(need)) is not None:
+                if head.sink.cancelled():  # gone: it must not take a slot, let alone preempt for one
+                    request = self._queue.pop(now)
+                elif (slot := self._fitting_slot(need)) is not None:
                     request = self._queue.pop(now)
                 elif (victim := self._victim_locked(head, need)) is not None:
                     request = self._queue.pop(now)
@@ -555,7 +571,8 @@ class Engine:
         self.observer.on_preemption(state.tier)
         self._release(state)
         self._suspended[state.request.request_id] = state
-        self.policy_queue.push(state.request, requeue=True)
+        expires = self.policy_queue.push(state.request, requeue=True)
+        self._next_expiry_ns = min(self._next_expiry_ns, expires)
 
     @staticmethod
     def _computed_tokens(state: _Active) -> list[int]:
@@ -594,7 +611,7 @@ class Engine:
         if self.prefix_cache is not None:  # prices reuse (time saved) and L3's load-or-recompute
             self.prefix_cache.cost.observe_prefill(computed, seconds)
         self.stats.prefill_steps += 1
-        ttft_s = (time.time_ns() - request.received_ns) / 1e9
+        ttft_s = since_received_s(request)
         if self.prefix_cache is not None and use_cache:  # the slot keeps the prompt's KV until released
             head = None if hint is None else hint.keys  # hashed on arrival: the store hashes only the rest
             publish = params.tier == WARMUP_TIER

@@ -61,16 +61,24 @@ class PolicyQueue:
         waited = max(0, time.time_ns() - arrived) if arrived else 0
         return time.monotonic_ns() + tier.max_queue_ns - waited
 
-    def push(self, request: EngineRequest, requeue: bool = False) -> int | None:
+    def requeue_expires_ns(self, request: EngineRequest) -> int:
+        """When a suspended request, requeued now, has waited its tier's `max_queue_ms` again."""
+        tiers = self.tiers
+        tier = tiers.get(request.params.tier) if request.params.tier in tiers.names else tiers.default
+        return time.monotonic_ns() + tier.max_queue_ns
+
+    def push(self, request: EngineRequest, requeue: bool = False) -> int:
         """Queue `request`; returns when it expires (`expires_ns`). `requeue`: a suspended request coming
-        back; it was admitted once, so capacity never refuses it, and it never expires (None)."""
+        back; it was admitted once, so capacity never refuses it, and it expires its tier's
+        `max_queue_ms` after its suspension: under a stream of more urgent requests it would otherwise
+        wait forever, its first token long sent."""
         priority, deadline = request.priority, request.deadline_ns
         if self.policy in ("fifo", "edf"):
             priority = self.flat_priority
         if self.policy in ("fifo", "priority"):
             deadline = request.received_ns
         cost = len(request.prompt_ids) + request.params.max_tokens
-        expires = None if requeue else self.expires_ns(request)
+        expires = self.requeue_expires_ns(request) if requeue else self.expires_ns(request)
         self.queue.push(
             request, priority, deadline, key=request.request_id, tenant=request.params.tenant, cost=cost,
             check_capacity=not requeue, expires_ns=expires,

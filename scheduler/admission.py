@@ -239,4 +239,5 @@ class AdmissionController:
 
     def _retry(self, seconds: float) -> float:
         """A retry hint: when the backlog that is in the way should have drained, rounded up to 0.1 s."""
-        return max(self._min_retry_s, math.ceil(max(seconds, 0.0) * 10.0) / 10.0)
+        finite = seconds if math.isfinite(seconds) else 0.0  # no figure to go by: the least hint
+        return max(self._min_retry_s, math.ceil(max(finite, 0.0) * 10.0) / 10.0)

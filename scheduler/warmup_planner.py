@@ -61,7 +61,9 @@ def plan_buckets(
         buckets = sorted({b for b in defaults if 0 < b < max_len} | {max_len})
         return BucketPlan(tuple(buckets), "default", samples)
     cuts = {f"p{p:g}": percentile_length(clean, p) for p in percentiles}
-    anchors = sorted({align} | {min(_align(length, align), max_len) for length in cuts.values()} | {max_len})
+    anchors = sorted(
+        {min(align, max_len)} | {min(_align(length, align), max_len) for length in cuts.values()} | {max_len}
+    )
     buckets = [anchors[0]]
     for anchor in anchors[1:]:
         buckets.extend(_geometric_fill(buckets[-1], anchor, max_ratio, align))

@@ -115,3 +115,12 @@ def test_unknown_tier_and_bad_load_are_invalid() -> None:
         EngineLoad(slots=0, running_requests=0, prefill_tokens_per_s=1.0, decode_step_s=0.0)
     with pytest.raises(ValueError):
         AdmissionController(TIERS, threshold_bounds=(1.5, 2.0))
+
+
+def test_a_refusal_with_an_unmeasured_decode_time_still_says_when_to_retry():
+    """A NaN decode time (no figure yet, or a bad one) made the refusal's retry hint raise: the request
+    got an INTERNAL error instead of UNAVAILABLE with a hint."""
+    controller = AdmissionController(TierTable.defaults())
+    load = EngineLoad(1, 1, 1000.0, float("nan"), queued_requests={"batch": 1}, mean_remaining_decode_steps=5)
+    decision = controller.check("batch", 10, load, 0)
+    assert decision.error is None or decision.retry_after_s >= 0

@@ -57,3 +57,8 @@ def test_reserve_prediction_weights_recent_peaks_more():
     recent_spike = [(now - 3600, 16.0), (now - 60, 4.0)]
     assert predict_reserve(recent_spike, now, half_life_s=3600, headroom=1.5) == pytest.approx(12.0)
     assert predict_reserve([], now, 3600, 1.5) == 0.0
+
+
+def test_no_bucket_is_longer_than_the_sequence_limit_even_below_the_alignment():
+    plan = plan_buckets({5: 100}, max_len=8, defaults=())
+    assert max(plan.buckets) == 8, plan.buckets
