@@ -55,7 +55,8 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
@@ -627,6 +628,9 @@ class QuestionGuard:
 # ---------------------------------------------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class SemanticCacheStats:
     hits: int = 0
@@ -642,6 +646,7 @@ class SemanticCacheStats:
     verifier_rejections: int = 0  # lower-band candidates the verifier scored below its cut
     pair_rejections: int = 0  # would-be hits the pair classifier scored below its cut (or past its top-k)
     pair_errors: int = 0  # lookups whose pair classifier raised: a miss
+    embed_errors: int = 0  # lookups whose embedding raised (a failed MiniLM pass): a miss
     guard_overrules: int = 0  # candidates the guard turned down and the pair classifier let through
     stores: int = 0
     evictions: int = 0
@@ -894,6 +899,7 @@ class SemanticResponseCache(RedisCacheBase):
         kept so that a missed prompt's store reuses its lookup's (``cache/embed_memo.py``); 0: none."""
         super().__init__(redis_url, timeout_s, breaker, SemanticCacheStats())
         self.recent = RecentVectors(recent_vectors) if recent_vectors else None
+        self.last_embed_error: str | None = None
         self.fingerprint = fingerprint
         self.embedder = embedder
         self.threshold = float(threshold)
@@ -1082,11 +1088,22 @@ class SemanticResponseCache(RedisCacheBase):
             c.verdict(), c.features()
         return cands, ranked[1]
 
+    def _guard_embedder(self, call: Callable[[], T]) -> T | None:
+        """The embedder's answer, or None (a miss, counted) when it raised: a failed MiniLM pass (out of
+        memory; the coalescer's EmbeddingFailed for every caller of that pass) must cost a lookup, as a
+        failing Redis does, never the request its answer."""
+        try:
+            return call()
+        except Exception as exc:
+            self._count("embed_errors")
+            self.last_embed_error = f"{type(exc).__name__}: {exc}"
+            return None
+
     def _ranked(self, prompt, tenant, params, embedding, threshold, low_threshold, variant=""):
         if not is_deterministic(params):
             self._count("uncacheable")
             return None
-        normalized = self._within_window(prompt)
+        normalized = self._guard_embedder(lambda: self._within_window(prompt))
         if normalized is None:
             return None
         if not self.breaker.allow():
@@ -1097,7 +1114,10 @@ class SemanticResponseCache(RedisCacheBase):
             return None
         if not tm.ids:
             return iter(()), 0, 1.0, 1.0
-        vec = self._embed(normalized, tenant) if embedding is None else self._normalize(embedding)
+        if embedding is not None:
+            vec = self._normalize(embedding)
+        elif (vec := self._guard_embedder(lambda: self._embed(normalized, tenant))) is None:
+            return None
         high = self.threshold if threshold is None else float(threshold)
         low = self.low_threshold if low_threshold is None else float(low_threshold)
         limit = min(low, high) if self.use_guard else high

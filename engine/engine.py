@@ -169,8 +169,14 @@ class Engine:
         if self.recorder is not None and request.params.tier != WARMUP_TIER:  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))
         if self.responses is not None and request.params.uses_response_cache:
-            offload = self.lookups is not None and not own and self.responses.asks_semantic(request.params)
-            found = self.responses.lookup(request.prompt_ids, request.params, semantic=not offload)
+            # a prompt its slot would cut short (prompt + max_tokens past max_len) gets fewer tokens than a
+            # paraphrase's stored answer may hold: only its own exact answer is its text
+            paraphrasable = length + request.params.max_tokens <= self.runner.max_len
+            asks = paraphrasable and self.responses.asks_semantic(request.params)
+            offload = asks and self.lookups is not None and not own
+            found = self.responses.lookup(
+                request.prompt_ids, request.params, semantic=paraphrasable and not offload
+            )
             if self._answered(request, found):  # an exact hit is answered here, without waiting
                 return
             if offload:  # the semantic lookup off the execute thread (warmup's own requests: inline)

@@ -17,16 +17,22 @@ class WriteBehind(Generic[T]):
         self._items: queue.Queue[tuple[T] | None] = queue.Queue(maxsize=backlog)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._closed = False
+        self._lock = threading.Lock()  # `submit` against `close`: nothing lands behind the stop entry
         self.dropped = 0
         self.failed = 0  # writes that raised: skipped, the writer carries on
         self.last_error: str | None = None
 
     def submit(self, item: T) -> bool:
-        """Queue `item`; when the writer has fallen behind, drop it (and count it) rather than wait."""
-        try:
-            self._items.put_nowait((item,))
-            return True
-        except queue.Full:
+        """Queue `item`; when the writer has fallen behind, or has been closed (a hit's renewal answered
+        during a shutdown), drop it (and count it) rather than wait."""
+        with self._lock:
+            if not self._closed:
+                try:
+                    self._items.put_nowait((item,))
+                    return True
+                except queue.Full:
+                    pass
             self.dropped += 1
             return False
 
@@ -43,16 +49,24 @@ class WriteBehind(Generic[T]):
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Finish what is queued, then stop; gives up after `timeout_s` (a writer stuck on a slow Redis
-        must not hold the engine's shutdown: the thread is a daemon)."""
+        must not hold the engine's shutdown: the thread is a daemon), and what it left is counted dropped."""
+        with self._lock:
+            self._closed = True
         try:
             self._items.put(None, timeout=timeout_s)
         except queue.Full:
+            self.dropped += self._items.qsize()
             return
         self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            self.dropped += max(0, self._items.qsize() - 1)  # less the stop entry
 
     def _run(self) -> None:
-        while (entry := self._items.get()) is not None:
+        while True:
+            entry = self._items.get()
             try:
+                if entry is None:  # the stop entry, done too: a drain after close does not wait for it
+                    return
                 self._write(entry[0])
             except Exception as exc:  # one bad item must not end the thread: every later write would drop
                 self.failed += 1

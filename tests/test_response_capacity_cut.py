@@ -86,3 +86,22 @@ def test_an_answer_cut_by_its_slot_is_not_kept_for_a_paraphrase(engine):
     repeat = run(engine, long_q, params)  # the cut prompt itself: cut the same way, so the exact cache has it
     assert engine.stats.finished.get("cached", 0) == 2, "the exact cache lost a deterministic answer"
     assert text(repeat.tokens, 0, True) == text(cut.tokens, 0, True)
+
+
+def test_a_full_answer_is_not_served_to_a_paraphrase_its_own_slot_would_cut(engine):
+    """The other direction: a complete answer of a short question is more than a long paraphrase, cut by
+    its slot, could ever produce; it computes (and the semantic cache is not asked)."""
+    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    long_q = tokenizer.encode("What is the capital of France?" + "\n" * 20).ids
+    short_q = tokenizer.encode("What is the capital of France?").ids
+    params = EngineRequestParams(
+        max_tokens=30, ignore_eos=True, stream=True, tenant=f"t{uuid.uuid4().hex[:6]}"
+    )
+    assert len(long_q) + params.max_tokens > MAX_LEN >= len(short_q) + params.max_tokens
+    own_long = run(engine, long_q, replace(params, cache="kv-only"))
+    assert len(own_long.tokens) < params.max_tokens
+    assert len(run(engine, short_q, params).tokens) == params.max_tokens  # stored, complete
+    engine.responses.close()
+    engine.responses = engine.new_tier()
+    served = run(engine, long_q, params)
+    assert engine.stats.finished.get("cached", 0) == 0 and served.tokens == own_long.tokens

@@ -51,3 +51,15 @@ def test_drain_waits_for_every_item_queued_so_far():
         assert writer.drain(10) and written == [0, 1, 2]
     finally:
         writer.close()
+
+
+def test_an_item_handed_over_after_close_is_counted_dropped_not_lost():
+    """A hit's renewal answered during a shutdown reached a writer that had stopped: neither written nor
+    counted, and a drain waited its whole timeout for it."""
+    written: list[int] = []
+    writer = WriteBehind(written.append, "after-close")
+    assert writer.submit(1)
+    writer.close()
+    assert not writer.submit(2) and writer.dropped == 1
+    began = time.monotonic()
+    assert writer.drain(1.0) and time.monotonic() - began < 0.5 and written == [1]
