@@ -570,8 +570,11 @@ class Engine:
         # park what the slot computed so resuming mostly copies blocks; never for a request that bypasses
         # the caches (its resume does not read them either)
         if self.prefix_cache is not None and state.request.params.uses_kv_tiers:
-            self._pending_stores.pop(state.slot, None)  # the prompt's blocks are among these
-            self.prefix_cache.store(state.slot, self._computed_tokens(state), state.request.params.tenant)
+            pending = self._pending_stores.pop(state.slot, None)  # the prompt's blocks are among these
+            publish = pending is not None and pending.publish  # warmup traffic: to L3 at once, as it would
+            self.prefix_cache.store(
+                state.slot, self._computed_tokens(state), state.request.params.tenant, publish=publish
+            )
         state.preemptions += 1
         self.stats.preemptions += 1
         self.observer.on_preemption(state.tier)

@@ -57,7 +57,7 @@ def plan_buckets(
     """
     clean = {int(k): int(v) for k, v in (histogram or {}).items() if 0 < int(k) <= max_len and int(v) > 0}
     samples = sum(clean.values())
-    if samples < min_samples:
+    if samples < max(min_samples, 1):  # no prompt at all is no distribution, whatever min_samples says
         buckets = sorted({b for b in defaults if 0 < b < max_len} | {max_len})
         return BucketPlan(tuple(buckets), "default", samples)
     cuts = {f"p{p:g}": percentile_length(clean, p) for p in percentiles}

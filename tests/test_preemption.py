@@ -221,3 +221,22 @@ def test_cancelling_a_suspended_request_frees_it(model):  # noqa: F811
     run_until_idle(engine)
     assert batch.errors and batch.errors[0][0] == "CANCELLED"
     assert not engine._suspended and engine.load() == (0, 0)
+
+
+def test_a_preempted_warmup_request_parks_its_prompt_as_warmup_traffic(model):  # noqa: F811
+    """Warmup traffic writes its blocks to L3 at once (`publish`); a preemption between its first token and
+    its prompt's store parked the blocks without that flag, so they reached L3 only on a later reuse."""
+    engine = make_engine(model, prefix_cache=True)
+    warmup = RecordingSink()
+    engine.submit(
+        request([1, *range(40, 75)], warmup, rid="w", priority=2, tier="warmup", deadline=FAR, max_tokens=30)
+    )
+    engine._admit()  # its first token; its prompt's store waits for the next step's launch
+    published: list[bool] = []
+    store = engine.prefix_cache.store
+    engine.prefix_cache.store = lambda *args, **kwargs: (
+        published.append(kwargs.get("publish", False)) or store(*args, **kwargs)
+    )
+    engine.submit(critical_request(RecordingSink()))
+    engine.step()
+    assert engine.stats.preemptions == 1 and published[:1] == [True]

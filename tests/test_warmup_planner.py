@@ -62,3 +62,8 @@ def test_reserve_prediction_weights_recent_peaks_more():
 def test_no_bucket_is_longer_than_the_sequence_limit_even_below_the_alignment():
     plan = plan_buckets({5: 100}, max_len=8, defaults=())
     assert max(plan.buckets) == 8, plan.buckets
+
+
+def test_an_empty_histogram_falls_back_to_the_defaults_even_with_min_samples_zero():
+    plan = plan_buckets({}, max_len=64, defaults=(16, 32), min_samples=0)
+    assert plan.buckets == (16, 32, 64) and plan.source == "default"
