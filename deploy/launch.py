@@ -594,7 +594,7 @@ def stop_run_dir(run_dir: Path | str, timeout_s: float = 30.0) -> bool:
         return False
     try:
         stack = Stack.from_json(json.loads(path.read_text()))
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or JSON of another shape
         log(f"ignoring unreadable {path}: {e}")
         path.unlink()
         return False

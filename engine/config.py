@@ -63,6 +63,18 @@ MINIMUMS = (
     ("l3_explore_s", 0, " (0: never explore)"),
     ("prefix_block_size", 1, " token"),
     ("max_new_tokens", 1, ""),
+    ("min_batch_size", 1, " (a traffic plan's floor of slots)"),
+    ("max_queued", 0, ""),
+    ("max_preemptions", 0, ""),
+    ("plan_min_samples", 0, ""),
+    ("redis_key_directory_max_keys", 0, ""),
+    ("seed", 0, ""),
+    # a period of 0 made these loops run without pause against Redis, a core busy for good
+    ("traffic_flush_s", 0.1, " seconds"),
+    ("feedback_interval_s", 0.1, " seconds"),
+    ("l3_ttl_s", 1.0, " seconds"),
+    ("peak_half_life_s", 1.0, " seconds"),
+    ("kv_headroom", 0.01, " (a factor on the recorded peak)"),
 )
 
 
@@ -181,6 +193,12 @@ class EngineConfig:
         for name, least, meaning in MINIMUMS:
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}{meaning}, got {getattr(self, name)}")
+        if self.min_batch_size > self.max_batch_size:  # the plan's slots must stay within the memory cap
+            raise ValueError(
+                f"min_batch_size ({self.min_batch_size}) must be <= max_batch_size ({self.max_batch_size})"
+            )
+        if self.seed >= 2**63:
+            raise ValueError(f"seed must be < 2**63, got {self.seed}")
         if not 0.0 < self.semantic_threshold <= 1.0:
             raise ValueError(f"semantic_threshold is a cosine in (0, 1], got {self.semantic_threshold}")
         if not 0.0 <= self.semantic_pair_min <= 1.0:

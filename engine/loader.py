@@ -122,7 +122,9 @@ def _plan(
     slots = config.max_batch_size
     if config.plan_kv_from_traffic and peaks:
         predicted = predict_reserve(peaks, time.time(), config.peak_half_life_s, config.kv_headroom)
-        slots = max(config.min_batch_size, min(config.max_batch_size, math.ceil(predicted)))
+        slots = min(
+            config.max_batch_size, max(config.min_batch_size, math.ceil(predicted), 1)
+        )  # the cap last
     kv = single_pool(slots, max_len)
     if config.plan_kv_from_traffic and config.kv_length_classes:
         kv = plan_kv_pools(reserved, slots, max_len, buckets.buckets, min_samples=config.plan_min_samples)
@@ -373,7 +375,15 @@ def load_engine(
         prewarm = DevicePrewarm(str(model_dir), dtype, config.device, shape, started_ns).start()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[config.dtype])
     model = model.to(config.device).eval()
-    runner = ModelRunner(model, plan.slots, max_len, buckets, pools)
+    try:
+        runner = ModelRunner(model, plan.slots, max_len, buckets, pools)
+    except (RuntimeError, MemoryError) as exc:  # the allocator's words name no parameter: say which
+        tokens = sum(capacity * count for capacity, count in pools)
+        raise ValueError(
+            f"the KV slots ({plan.slots} slots, {tokens} token positions: max_batch_size="
+            f"{config.max_batch_size}, max_seq_len={max_len}) do not fit in {config.device} memory; lower "
+            f"max_batch_size or max_seq_len ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from exc
     runner.use_cuda_graphs = config.cuda_graphs and runner.device.type == "cuda"
     runner.use_prefill_graphs = runner.use_cuda_graphs and config.prefill_graphs
     decoder = TokenDecoder.from_model_dir(model_dir)

@@ -87,7 +87,7 @@ def plan_kv_pools(
         min(int(k), max_len): int(v) for k, v in (reserved_lengths or {}).items() if int(k) > 0 and int(v) > 0
     }
     samples = sum(clean.values())
-    if samples < min_samples or slots < 2:
+    if samples < max(min_samples, 1) or slots < 2:  # no recorded request is no distribution
         return single_pool(slots, max_len, samples)
     cuts = {f"p{p:g}": percentile_length(clean, p) for p in percentiles}
     capacities = sorted({_class_of(length, classes) for length in cuts.values()} | {max_len})
