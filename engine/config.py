@@ -193,10 +193,6 @@ class EngineConfig:
         for name, least, meaning in MINIMUMS:
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}{meaning}, got {getattr(self, name)}")
-        if self.min_batch_size > self.max_batch_size:  # the plan's slots must stay within the memory cap
-            raise ValueError(
-                f"min_batch_size ({self.min_batch_size}) must be <= max_batch_size ({self.max_batch_size})"
-            )
         if self.seed >= 2**63:
             raise ValueError(f"seed must be < 2**63, got {self.seed}")
         if not 0.0 < self.semantic_threshold <= 1.0:
