@@ -199,9 +199,11 @@ class TritonEngineObserver(EngineObserver):
 
     def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
         for (tier, counter), value in counters.items():
-            delta = value - self._cache_seen.get((tier, counter), 0.0)
+            seen = self._cache_seen.get((tier, counter), 0.0)
+            delta = value if value < seen else value - seen  # a source that went back was reset: all new
             if delta > 0:
                 self._metric(self.cache_events, tier=tier, counter=counter).increment(delta)
+            if delta >= 0:  # NaN: neither exported nor kept
                 self._cache_seen[(tier, counter)] = value
 
     def on_cache_gauges(self, gauges: dict[tuple[str, str], float]) -> None:

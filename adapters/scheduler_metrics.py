@@ -38,6 +38,9 @@ class PrefixTokenizerMetrics:
             return
         self._due = now + PUBLISH_EVERY_S
         for name, value in asdict(stats).items():
-            if value > self._published[name]:
-                self._series[name].increment(value - self._published[name])
+            seen = self._published[name]
+            delta = value if value < seen else value - seen  # a source that went back was reset: all new
+            if delta > 0:
+                self._series[name].increment(delta)
+            if delta >= 0:
                 self._published[name] = value

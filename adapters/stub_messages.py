@@ -51,12 +51,17 @@ def serialized(send: Callable[..., T], lock: threading.Lock) -> Callable[..., T]
     return send_locked
 
 
+RELAYS = frozenset({"triton_common.py", "observer.py"})  # modules whose log calls relay another's line
+
+
 def serialized_log(log: Callable[[str], None], lock: threading.Lock) -> Callable[[str], None]:
     """A pb_utils.Logger method under the lock. The server's log names the Python frame that called the
     logger, which is now this wrapper, so the line carries its caller's file and line itself."""
 
     def log_locked(message: str) -> None:
         caller = sys._getframe(1)
+        while caller.f_back is not None and Path(caller.f_code.co_filename).name in RELAYS:
+            caller = caller.f_back  # log_event and the like pass a line on: name who wrote it
         where = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"
         with lock:
             log(f"[{where}] {message}")

@@ -9,6 +9,7 @@ slot together.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections import Counter
@@ -19,7 +20,7 @@ import torch
 
 from engine.model_runner import ModelRunner
 from engine.cache_stats import cache_counters, cache_gauges
-from engine.observer import EngineObserver, EngineStats
+from engine.observer import GuardedObserver, EngineObserver, EngineStats
 from engine.l3_prefetch import L3Prefetcher
 from engine.lookup_pool import LookupPool
 from engine.prefix_cache import PrefixCache, PrefixHint
@@ -101,6 +102,7 @@ class Engine:
         self.eos_ids = eos_ids
         self.max_new_tokens = max_new_tokens  # the scheduler step's cap, for requests sent here directly
         self.prompt_buckets = tuple(b for b in prompt_buckets if b < runner.max_len) + (runner.max_len,)
+        self.log: Callable[[str], None] = lambda message: None  # the loader's logger; settable
         self.observer = observer or EngineObserver()
         self.cancelled_elsewhere = cancelled_elsewhere or set
         self.stats = EngineStats()
@@ -258,6 +260,8 @@ class Engine:
             self._cache_stats_at = now
             self.observer.on_cache_counters(cache_counters(self.prefix_cache, self.responses))
             self.observer.on_cache_gauges(cache_gauges(self.prefix_cache, self.responses))
+        except Exception as exc:  # reading a tier's counters must not fail a request that was served
+            self._observer.report("cache_counters", exc)
         finally:
             self._cache_stats_lock.release()
 
@@ -377,9 +381,28 @@ class Engine:
                 else:
                     self.step()
             except Exception as exc:  # a broken step must not kill the engine thread
-                self._fail_all_active("INTERNAL", f"engine step failed: {type(exc).__name__}: {exc}")
+                self.stats.step_failures += 1
+                self.log(json.dumps({"event": "engine_step_failed", "error": f"{type(exc).__name__}: {exc}"}))
+                try:
+                    self._fail_all_active("INTERNAL", f"engine step failed: {type(exc).__name__}: {exc}")
+                except Exception as again:  # the thread must outlive even this: every later request needs it
+                    self.log(
+                        json.dumps(
+                            {"event": "engine_fail_all_failed", "error": f"{type(again).__name__}: {again}"}
+                        )
+                    )
             with self._lock:
                 self._lock.notify_all()
+
+    @property
+    def observer(self) -> EngineObserver:
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: EngineObserver) -> None:
+        """Kept behind a guard: see GuardedObserver (what the observer raises never reaches a request)."""
+        inner = observer.inner if isinstance(observer, GuardedObserver) else observer  # put back: unwrapped
+        self._observer = GuardedObserver(inner, lambda message: self.log(message))
 
     @property
     def has_background_work(self) -> bool:

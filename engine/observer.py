@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -36,6 +38,50 @@ class EngineObserver:
         """Per-tier cache state now ((tier, gauge) -> value), with the counters."""
 
 
+class GuardedObserver(EngineObserver):
+    """Forwards every hook to `inner`, and keeps what it raises from the engine: a metric that fails to
+    update (a message to the server that failed) had failed every running request as a broken step, an
+    exact-cache answer already sent, and, raised again while the loop failed those requests, ended the
+    engine thread, so that every later request waited forever. Each failure is counted, and logged once
+    per hook."""
+
+    def __init__(self, inner: EngineObserver, log: Callable[[str], None]):
+        self.inner = inner
+        self.log = log
+        self.failures = 0
+        self._logged: set[str] = set()
+
+    def __getattribute__(self, name: str):
+        if not name.startswith("on_"):
+            return object.__getattribute__(self, name)
+        hook = getattr(object.__getattribute__(self, "inner"), name)
+
+        def guarded(*args: object) -> None:
+            try:
+                hook(*args)
+            except Exception as exc:
+                self._failed(name, exc)
+
+        return guarded
+
+    def __getattr__(self, name: str):  # what the inner observer keeps besides hooks (tests read it)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def report(self, source: str, exc: Exception) -> None:
+        """A failure met while gathering what the hooks get (a tier's counters): counted and logged alike."""
+        self._failed(source, exc)
+
+    def _failed(self, hook: str, exc: Exception) -> None:
+        self.failures += 1
+        if hook not in self._logged:
+            self._logged.add(hook)
+            self.log(
+                json.dumps({"event": "observer_error", "hook": hook, "error": f"{type(exc).__name__}: {exc}"})
+            )
+
+
 @dataclass
 class EngineStats:
     """Counters the engine keeps itself, so tests and the warmup report need no metrics server."""
@@ -51,6 +97,7 @@ class EngineStats:
     prefix_reused_tokens: int = 0
     preemptions: int = 0
     resumes: int = 0
+    step_failures: int = 0  # steps that raised: their running requests failed, the loop went on
     shapes_seen: set[tuple[str, int]] = field(default_factory=set)
     # the engine loop, the execute thread (exact hits) and lookup threads (semantic hits) all finish requests
     _finish_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
