@@ -4,11 +4,12 @@ been sent, and, raised again while the loop failed those requests, ended the eng
 
 from __future__ import annotations
 
-import time
 import types
 
+from engine.engine import Engine
 from engine.observer import EngineObserver
 from engine.response_tier import ResponseLookup
+from tests.conftest import wait_for
 from tests.test_engine_batching import RecordingSink, make_engine, model, request  # noqa: F401
 
 
@@ -35,43 +36,41 @@ class BrokenLoadAndFinish(BrokenLoad):
         raise RuntimeError("metric message failed")
 
 
-def wait(pred, t=20.0):
-    end = time.monotonic() + t
-    while time.monotonic() < end and not pred():
-        time.sleep(0.02)
-    return pred()
+def answered(sink: RecordingSink) -> bool:
+    return bool(sink.errors) or bool(sink.windows and sink.windows[-1][2])
 
 
-def test_a_failing_gauge_update_does_not_fail_running_requests(model):  # noqa: F811
+def serving(model, observer: EngineObserver) -> tuple[Engine, RecordingSink]:  # noqa: F811
+    """A started engine whose observer raises, with one request submitted."""
     engine = make_engine(model, slots=2)
-    engine.observer = BrokenLoad()
+    engine.observer = observer
     sink = RecordingSink()
     engine.submit(request([1, 2, 3], sink, rid="a", max_tokens=4))
     engine.start()
+    return engine, sink
+
+
+def test_a_failing_gauge_update_does_not_fail_running_requests(model):  # noqa: F811
+    engine, sink = serving(model, BrokenLoad())
     try:
-        wait(lambda: sink.errors or (sink.windows and sink.windows[-1][2]))
+        assert wait_for(lambda: answered(sink), 20)
         assert not sink.errors, f"a metrics failure failed the request: {sink.errors}"
+        assert engine.observer.failures > 0
     finally:
         engine.shutdown(drain_timeout_s=0)
 
 
 def test_a_failing_observer_does_not_kill_the_engine_thread(model):  # noqa: F811
-    engine = make_engine(model, slots=2)
-    engine.observer = BrokenLoadAndFinish()
-    first = RecordingSink()
-    engine.submit(request([1, 2, 3], first, rid="a", max_tokens=4))
-    engine.start()
+    engine, first = serving(model, BrokenLoadAndFinish())
     try:
-        wait(
-            lambda: first.errors or (first.windows and first.windows[-1][2]) or not engine._thread.is_alive()
-        )
-        time.sleep(0.3)
+        assert wait_for(lambda: answered(first), 20)
         assert engine._thread.is_alive(), "the engine thread died: every later request waits forever"
         later = RecordingSink()
         engine.submit(request([4, 5], later, rid="b", max_tokens=2))
-        assert wait(lambda: later.errors or (later.windows and later.windows[-1][2]), 3.0), "b never answered"
+        assert wait_for(lambda: answered(later), 10), "b never answered"
+        assert not first.errors and not later.errors
     finally:
-        engine._stopping = True
+        engine.shutdown(drain_timeout_s=0)
 
 
 def test_a_metric_failure_after_an_exact_cache_answer_does_not_raise_to_execute(model):  # noqa: F811
