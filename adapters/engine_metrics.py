@@ -6,6 +6,7 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from adapters.counter_deltas import CounterDeltas
 from adapters.stub_messages import SerializedMetric
 from engine.observer import EngineObserver
 from engine.warmup import WarmupReport
@@ -123,7 +124,7 @@ class TritonEngineObserver(EngineObserver):
         self._batch_max = 0
         self._load = (-1, -1, -1)
         self.kv_bytes_per_token = 0
-        self._cache_seen: dict[tuple[str, str], float] = {}
+        self._cache_deltas = CounterDeltas()
         self._create_known_series()
 
     def _create_known_series(self) -> None:
@@ -199,12 +200,8 @@ class TritonEngineObserver(EngineObserver):
 
     def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
         for (tier, counter), value in counters.items():
-            seen = self._cache_seen.get((tier, counter), 0.0)
-            delta = value if value < seen else value - seen  # a source that went back was reset: all new
-            if delta > 0:
+            if delta := self._cache_deltas.increment((tier, counter), value):
                 self._metric(self.cache_events, tier=tier, counter=counter).increment(delta)
-            if delta >= 0:  # NaN: neither exported nor kept
-                self._cache_seen[(tier, counter)] = value
 
     def on_cache_gauges(self, gauges: dict[tuple[str, str], float]) -> None:
         for (tier, gauge), value in gauges.items():

@@ -7,6 +7,8 @@ from dataclasses import asdict
 
 import triton_python_backend_utils as pb_utils
 
+from adapters.counter_deltas import CounterDeltas
+
 from scheduler.tokenize import PrefixTokenStats
 
 PUBLISH_EVERY_S = 1.0  # each increment is an IPC round trip to the server: not one per request
@@ -29,7 +31,7 @@ class PrefixTokenizerMetrics:
             name: self.family.Metric(labels={"model": model, "result": name})
             for name in asdict(PrefixTokenStats())
         }
-        self._published = asdict(PrefixTokenStats())
+        self._published = CounterDeltas()
         self._due = 0.0
 
     def publish(self, stats: PrefixTokenStats) -> None:
@@ -38,9 +40,5 @@ class PrefixTokenizerMetrics:
             return
         self._due = now + PUBLISH_EVERY_S
         for name, value in asdict(stats).items():
-            seen = self._published[name]
-            delta = value if value < seen else value - seen  # a source that went back was reset: all new
-            if delta > 0:
+            if delta := self._published.increment(name, value):
                 self._series[name].increment(delta)
-            if delta >= 0:
-                self._published[name] = value

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cache.wrong_type import is_wrong_type
+from cache.wrong_type import DROP_OTHER_TYPE, is_wrong_type
 
 ANNOUNCE_SEPARATOR = "\n"
 
@@ -108,8 +108,9 @@ def write_announced(
     trims = bool(values) and index is not None and index_limit > 0
     if values and not trims:
         pipe.publish(announce_channel(namespace), ANNOUNCE_SEPARATOR.join(names))
+    limit = index_limit if trims else 0
     if values and index is not None:
-        _queue_index(pipe, namespace, names, ttl_s, index, index_limit if trims else 0, head)
+        _queue_index(pipe, namespace, names, ttl_s, index, limit, head)
     replies = pipe.execute(raise_on_error=False)
     for reply in replies[: len(values)]:
         if isinstance(reply, Exception):
@@ -120,8 +121,8 @@ def write_announced(
     repaired = bool(trims and head) and index_replies[0] == INDEX_DROPPED
     if any(isinstance(reply, Exception) and is_wrong_type(reply) for reply in index_replies):
         pipe = client.pipeline(transaction=False)
-        pipe.eval(_DROP_UNLESS_SORTED_SET, 1, index)
-        _queue_index(pipe, namespace, names, ttl_s, index, index_limit if trims else 0, head)
+        pipe.eval(DROP_OTHER_TYPE, 1, index, "zset")
+        _queue_index(pipe, namespace, names, ttl_s, index, limit, head)
         replies = pipe.execute(raise_on_error=False)
         repaired = True
     evicted: list[str] = []
@@ -148,14 +149,6 @@ def _queue_index(
     if limit:
         channel, cap = announce_channel(namespace), MAX_TRIM_PER_WRITE + len(names)
         pipe.eval(_TRIM_AND_ANNOUNCE, 1, index, limit, cap, channel, ANNOUNCE_SEPARATOR, *names)
-
-
-# Delete KEYS[1] when it holds anything but a sorted set (an index damaged or overwritten by hand).
-_DROP_UNLESS_SORTED_SET = """
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'zset' and kind ~= 'none' then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 # Renew the names an index lists (ARGV[4:], a chain head first): a score as if written at ARGV[2] less

@@ -29,6 +29,7 @@ from cache.redis_full import FullGate
 from cache.key_directory import INDEX_DROPPED, KeyDirectory, Written, renew_listed, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 from cache.response_cache import redis_ttl, tenant_tag
+from cache.wrong_type import DROP_OTHER_TYPE
 
 T = TypeVar("T")
 DEFAULT_TTL_S = 24 * 3600
@@ -41,13 +42,6 @@ LEGACY_TENANT_INDEX_PREFIX = "llm:kv-tenants:v1"
 _DELETE_IF_UNCHANGED = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
-# A block name that holds another type (a hash, a list): MGET reads it as missing while EXISTS, the
-# probe, says it is there, so every lookup of its chain would pay for a load that finds nothing.
-_DROP_UNLESS_STRING = """
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'string' and kind ~= 'none' then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 # One command for a whole chain's probe: a pipeline of one EXISTS per block cost 476 us of Python at
 # 128 blocks (83 at 16), on a thread that shares the GIL with the engine; this costs 115 (41).
 _EXISTS_EACH = (
@@ -139,7 +133,7 @@ class RedisKVStore:
         )
         self._delete_if_unchanged = self.client.register_script(_DELETE_IF_UNCHANGED)
         self._exists_each = self.client.register_script(_EXISTS_EACH)
-        self._drop_unless_string = self.client.register_script(_DROP_UNLESS_STRING)
+        self._drop_other_type = self.client.register_script(DROP_OTHER_TYPE)
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._lock = threading.Lock()
         self._stats = KVStoreStats()
@@ -303,8 +297,10 @@ class RedisKVStore:
 
     def _drop_if_wrong_type(self, name: str) -> None:
         """A block the caller's probe found and MGET did not: expired meanwhile, or a value of another type,
-        which is deleted and counted (one round trip, on a path where the probe was wrong anyway)."""
-        if self._call(lambda: self._drop_unless_string(keys=[name])) == 1:
+        which is deleted and counted (one round trip, on a path where the probe was wrong anyway): a
+        block name holding a hash reads as missing to MGET while the probe's EXISTS finds it, so every
+        lookup of its chain would pay for a load that finds nothing."""
+        if self._call(lambda: self._drop_other_type(keys=[name], args=["string"])) == 1:
             self._count_bad("checksum_failures", TypeError(f"{name} held another Redis type"))
             if self.directory is not None:
                 self.directory.discard(name)

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cache.wrong_type import holds_another_type
+
 # A stored peak that is not a number (or NaN, inf) is replaced, not compared with: Lua would raise.
 _MAX_PEAK = (
     "local v = tonumber(redis.call('HGET', KEYS[1], ARGV[1])) "
@@ -44,17 +46,14 @@ class LengthsWrite:
     errors: list[str] = field(default_factory=list)
 
 
-def _wrong_type(exc: BaseException) -> bool:
-    return "WRONGTYPE" in str(exc)
-
-
 def _bad_field(exc: BaseException) -> bool:
     """HINCRBY refused the field's value: not an integer, or one that the increment would overflow."""
     text = str(exc)
     return "not an integer" in text or "overflow" in text
 
 
-def _in_range(value: float, limit: float) -> bool:
+def in_range(value: float, limit: float) -> bool:
+    """A finite number in [0, limit]: what a count, length or time read back from Redis must be."""
     return math.isfinite(value) and 0 <= value <= limit
 
 
@@ -125,7 +124,7 @@ class TrafficStatsStore:
         write.unsent = {length: count for length, count in items if length in refused}
         first = next(iter(refused.values()))
         write.errors.append(f"{key}: Redis refused {len(refused)} of {len(items)} counts ({first})")
-        if any(_wrong_type(reply) for reply in refused.values()):
+        if any(holds_another_type(reply) for reply in refused.values()):
             write.errors.append(self._repair(key, "deleted the key of another type", self.client.delete))
         else:
             bad = [str(length) for length, reply in refused.items() if _bad_field(reply)]
@@ -167,7 +166,7 @@ class TrafficStatsStore:
             self._max_peak(keys=[self.peaks_key], args=[window, int(active), PEAK_TTL_S])
         except self.errors as exc:
             message = f"recording the concurrency peak failed: {exc}"
-            if _wrong_type(exc):  # another type under the key: deleted, the next flush writes a hash
+            if holds_another_type(exc):  # another type under the key: deleted, the next flush writes a hash
                 message += "; " + self._repair(
                     self.peaks_key, "deleted the key of another type", self.client.delete
                 )
@@ -185,7 +184,7 @@ class TrafficStatsStore:
                 stamp, peak = float(key), float(value)
             except ValueError:
                 stamp = peak = math.nan
-            if _in_range(stamp, math.inf) and _in_range(peak, MAX_PEAK_ACTIVE):
+            if in_range(stamp, math.inf) and in_range(peak, MAX_PEAK_ACTIVE):
                 peaks.append((stamp, peak))
             else:
                 self.malformed += 1

@@ -10,7 +10,20 @@ reads of every tenant.
 from __future__ import annotations
 
 
+def holds_another_type(exc: BaseException) -> bool:
+    """Whether `exc` is Redis refusing a command because the key holds another type (WRONGTYPE)."""
+    return "WRONGTYPE" in str(exc)
+
+
 def is_wrong_type(exc: BaseException) -> bool:
     """Whether `exc` is Redis refusing a command for the type or the contents of a key."""
-    text = str(exc)
-    return "WRONGTYPE" in text or "not an integer or out of range" in text
+    return holds_another_type(exc) or "not an integer or out of range" in str(exc)
+
+
+# Delete KEYS[1] when it holds a type other than ARGV[1] ('string', 'zset', ...): a value damaged or
+# overwritten by hand under one of our names. Returns 1 when it deleted, else 0 (absent, or the type).
+DROP_OTHER_TYPE = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= ARGV[1] and kind ~= 'none' then return redis.call('DEL', KEYS[1]) end
+return 0
+"""

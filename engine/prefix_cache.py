@@ -271,11 +271,10 @@ class PrefixCache:
             self.store_seconds += self.clock() - started
 
     def _tier_failed(self, where: str, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"
         self.tier_errors += 1
-        self.last_tier_error = f"{where}: {type(exc).__name__}: {exc}"
-        self.log(
-            json.dumps({"event": "cache_tier_error", "where": where, "error": f"{type(exc).__name__}: {exc}"})
-        )
+        self.last_tier_error = f"{where}: {error}"
+        self.log(json.dumps({"event": "cache_tier_error", "where": where, "error": error}))
 
     def _store(
         self, slot: int, tokens: Sequence[int], tenant: str, pin: bool, publish: bool, head: list[bytes]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from engine.requests import EngineRequest
 from scheduler.slo_queue import SloQueue
-from scheduler.tiers import TierTable
+from scheduler.tiers import Tier, TierTable
 
 POLICIES = ("fifo", "priority", "edf", "slo")
 
@@ -55,17 +55,19 @@ class PolicyQueue:
     def expires_ns(self, request: EngineRequest) -> int:
         """When, on the queue's clock (monotonic), the request has waited its tier's `max_queue_ms` since
         it arrived (in the scheduler step, when it says so: wall clock). An unknown tier: the default's."""
-        tiers = self.tiers
-        tier = tiers.get(request.params.tier) if request.params.tier in tiers.names else tiers.default
+        tier = self._tier(request)
         arrived = request.params.arrival_ns or request.received_ns
         waited = max(0, time.time_ns() - arrived) if arrived else 0
         return time.monotonic_ns() + tier.max_queue_ns - waited
 
     def requeue_expires_ns(self, request: EngineRequest) -> int:
         """When a suspended request, requeued now, has waited its tier's `max_queue_ms` again."""
+        return time.monotonic_ns() + self._tier(request).max_queue_ns
+
+    def _tier(self, request: EngineRequest) -> Tier:
+        """The request's tier; an unknown one: the default's."""
         tiers = self.tiers
-        tier = tiers.get(request.params.tier) if request.params.tier in tiers.names else tiers.default
-        return time.monotonic_ns() + tier.max_queue_ns
+        return tiers.get(request.params.tier) if request.params.tier in tiers.names else tiers.default
 
     def push(self, request: EngineRequest, requeue: bool = False) -> int:
         """Queue `request`; returns when it expires (`expires_ns`). `requeue`: a suspended request coming

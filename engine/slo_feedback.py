@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cache.wrong_type import is_wrong_type
-from cache.traffic_stats import StoreUnavailable, _redis_module
+from cache.traffic_stats import StoreUnavailable, _redis_module, in_range
 from scheduler.feedback import Adaptation, FeedbackController, TierObservation
 from scheduler.tiers import TierTable
 
@@ -197,7 +197,7 @@ def _finite(value: object, limit: float) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     number = float(value)
-    return number if math.isfinite(number) and 0.0 <= number <= limit else None
+    return number if in_range(number, limit) else None
 
 
 @dataclass(frozen=True)

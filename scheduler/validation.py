@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import RequestError
-from scheduler.messages import CACHE_MODES, EngineRequestParams
+from scheduler.messages import CACHE_MODES, EngineRequestParams, is_int
 from scheduler.sampling_rules import SAMPLING_KEYS, check_sampling
 from scheduler.tiers import TierTable
 
@@ -35,10 +35,10 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("max_prompt_tokens", "max_new_tokens", "default_max_tokens"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not (is_int(value) and value >= 1):
                 raise ValueError(f"Limits.{name} must be an int >= 1, got {value!r}")
         chars = self.max_prompt_chars
-        if chars is not None and (isinstance(chars, bool) or not isinstance(chars, int) or chars < 1):
+        if chars is not None and not (is_int(chars) and chars >= 1):
             raise ValueError(f"Limits.max_prompt_chars must be an int >= 1 or None, got {chars!r}")
 
     @property
