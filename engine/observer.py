@@ -50,18 +50,24 @@ class GuardedObserver(EngineObserver):
         self.log = log
         self.failures = 0
         self._logged: set[str] = set()
+        self._guards: dict[
+            str, Callable[..., None]
+        ] = {}  # one wrapper per hook: the engine calls them per step
 
     def __getattribute__(self, name: str):
         if not name.startswith("on_"):
             return object.__getattribute__(self, name)
-        hook = getattr(object.__getattribute__(self, "inner"), name)
+        guards = object.__getattribute__(self, "_guards")
+        if (guarded := guards.get(name)) is None:
+            hook = getattr(object.__getattribute__(self, "inner"), name)
 
-        def guarded(*args: object) -> None:
-            try:
-                hook(*args)
-            except Exception as exc:
-                self._failed(name, exc)
+            def guarded(*args: object) -> None:
+                try:
+                    hook(*args)
+                except Exception as exc:
+                    self._failed(name, exc)
 
+            guards[name] = guarded
         return guarded
 
     def __getattr__(self, name: str):  # what the inner observer keeps besides hooks (tests read it)
