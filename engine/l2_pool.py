@@ -93,9 +93,12 @@ class HostBlockPool:
         memory, a copy per run when there are few, else one gather and one scatter."""
         stored, row_of_slot = 0, {}  # a run longer than the pool reuses slots: the later block wins
         new_path = not pin and self.k > 1
+        entered: dict[bytes, int] = {}  # new keys and the slot each was given last
         for position, key in enumerate(keys):
             if new_path and key not in self.index:
                 index = self._slot_for_new(key, keep)
+                if index is not None:
+                    entered[key] = index
             else:
                 index = self._slot_for(key, pin, keep)
             if index is not None:
@@ -103,6 +106,7 @@ class HostBlockPool:
                 row_of_slot[index] = position if rows is None else rows[position]
         if not row_of_slot:
             return 0
+        self._in_row_order(entered, row_of_slot)
         young = self._young[1] if new_path else {}
         for key in oldest_first:
             if key in young:
@@ -116,6 +120,23 @@ class HostBlockPool:
             self.settle()
             copy_rows(self.pool, slots, blocks, sources)
         return stored
+
+    def _in_row_order(self, entered: dict[bytes, int], row_of_slot: dict[int, int]) -> None:
+        """Give the new keys of one `put_many` their slots in ascending order of their source rows.
+
+        The slots a demotion frees are those of an earlier demotion's blocks, handed out in their aging
+        order (a chain's tail first): in source-row order they descended, so no two rows and slots made a
+        run and a 15-block demotion from CUDA was 15 copies (~0.14 ms of a 0.2 ms store on the H200 host).
+        Any new key may take any of these slots, so sorting both sides makes the usual demotion of one
+        evicted chain one copy, and its later promotion (`take_run`) one copy too. A key whose slot a
+        later key of the same run took is no longer held and keeps none."""
+        held = [(row_of_slot[s], key, s) for key, s in entered.items() if self.index.get(key) == s]
+        if len(held) < 2:
+            return
+        held.sort()
+        for (row, key, _), slot in zip(held, sorted(slot for _, _, slot in held)):
+            self.index[key] = slot
+            row_of_slot[slot] = row
 
     def note_device_use(self, device: torch.device) -> None:
         """Asynchronous device copies into or out of the slots were queued: host access waits for them.
