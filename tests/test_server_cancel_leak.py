@@ -64,6 +64,16 @@ def short_queue_tiers(path: Path, standard_max_queue_ms: float) -> Path:
     return path
 
 
+def both_queued(metrics_url: str, busy: StreamingSession) -> bool:
+    """Whether the two standard requests wait in the engine's queue behind the busy ones: the depth is
+    the busy requests not yet running (all unfinished but the one that is) plus those two. A busy request
+    runs ~1.5 s on the CPU, so waiting for a fixed depth of 9 held only while the first one ran, and
+    missed it once on a loaded machine. Unfinished is read first: a busy one that ends between the two
+    reads lowers the depth, which only makes this answer False for one more poll."""
+    ahead = max(0, len(busy.unfinished()) - 1)
+    return metric_total(scrape_metrics(metrics_url), "llm_engine_queue_depth") >= ahead + 2
+
+
 def test_queued_requests_expire_with_a_clear_error_and_leave_nothing_in_flight(tmp_path):
     tiers = str(short_queue_tiers(tmp_path / "tiers.yaml", 300))  # 3 s on the CPU
     overrides = {
@@ -83,8 +93,7 @@ def test_queued_requests_expire_with_a_clear_error_and_leave_nothing_in_flight(t
         waiting, gone = StreamingSession(stack.grpc_url), StreamingSession(stack.grpc_url)
         waiting_id = waiting.submit("a request that waits", sampling={"max_tokens": 3})
         gone.submit("a request whose client gives up", sampling={"max_tokens": 3})
-        queued = lambda: metric_total(scrape_metrics(stack.metrics_url), "llm_engine_queue_depth")  # noqa: E731
-        assert wait_for(lambda: queued() >= 9)
+        assert wait_for(lambda: both_queued(stack.metrics_url, busy))
         gone.cancel()  # queued in the engine, where the cancel is not seen
         assert waiting.wait([waiting_id], timeout_s=30)
         error = waiting.result(waiting_id).error or ""
