@@ -112,6 +112,9 @@ class Engine:
         self._queue = self.policy_queue.queue
         self.admission = admission
         self.prefill_rate = Ewma()
+        # when the last `prefill` began computing (its lookup and load done): a prefill's rate, which
+        # prices loads against recomputing, must not count an L3 load's wait as compute
+        self._compute_started = 0.0
         self.decode_step_s = Ewma()
         self.output_tokens = Ewma()
         self.feedback: SloFeedbackLoop | None = None
@@ -634,11 +637,12 @@ class Engine:
         use_cache = params.uses_kv_tiers
         hint, request.prefix_hint = request.prefix_hint, None  # a resume has more tokens: hashed anew
         logits, reused = self.prefill(slot, request.prompt_ids, params.tenant, use_cache=use_cache, hint=hint)
+        computing = self._compute_started  # after the lookup and load: their time is not prefill time
         picks = self._picker.launch(logits.unsqueeze(0), {0: state.sampler})
         if picks.in_flight:  # earlier prompts the lookup left pending are stored while the device computes
             self._keep_prefixes()
         token = picks.result()[0]  # waits for the device
-        computed, seconds = len(request.prompt_ids) - reused, max(time.perf_counter() - started, 1e-6)
+        computed, seconds = len(request.prompt_ids) - reused, max(time.perf_counter() - computing, 1e-6)
         self.prefill_rate.update(computed / seconds)
         if self.prefix_cache is not None:  # prices reuse (time saved) and L3's load-or-recompute
             self.prefix_cache.cost.observe_prefill(computed, seconds)
@@ -676,6 +680,7 @@ class Engine:
         self.note_shape("prefill", padded)
         self.stats.prefix_reused_tokens += reused
         self.stats.prompt_tokens += len(prompt)
+        self._compute_started = time.perf_counter()
         return self.runner.prefill(slot, prompt, padded, reused), reused
 
     def _decode(self) -> bool:

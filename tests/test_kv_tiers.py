@@ -111,6 +111,31 @@ def test_the_cost_model_recomputes_when_that_is_faster(model, redis_server, requ
     assert second.stats.prefix_reused_tokens == 0 and slow_redis.decisions["recompute"] >= 1
 
 
+def test_a_slow_l3_load_is_not_booked_as_prefill_time(model, redis_server, request):  # noqa: F811
+    """The prefill rate prices every load-or-recompute decision. Timed from before the lookup, a request
+    that loaded 48 tokens from a slow Redis and computed 2 was booked as "2 tokens in 0.3 s": recomputing
+    then looked ruinous, and the slow Redis kept being chosen (found by a spec review)."""
+    namespace = f"kv-test:{request.node.name}"
+    first = replica(model, redis_server, namespace)
+    expected = serve(first, PROMPT + [9])
+    first.prefix_cache.l3.close()
+    cost = LoadCostModel(prior_load_bytes_per_s=1e12, prior_prefill_tokens_per_s=5000.0)
+    second = replica(model, redis_server, namespace, cost=cost)
+    store = second.prefix_cache.l3.store
+    real_get, real_observe = store.get_chain, cost.observe_prefill
+    store.get_chain = lambda keys, meta: time.sleep(0.3) or real_get(keys, meta)
+    observed: list[tuple[int, float]] = []
+
+    def observe(tokens: int, seconds: float) -> None:
+        observed.append((tokens, seconds))
+        real_observe(tokens, seconds)
+
+    cost.observe_prefill = observe
+    assert serve(second, PROMPT + [9]) == expected
+    assert second.stats.prefix_reused_tokens == 48 and cost.decisions["load"] == 1
+    assert observed and all(seconds < 0.3 for _, seconds in observed), observed
+
+
 def test_a_dead_redis_costs_nothing_but_the_reuse(model):  # noqa: F811
     dead = replica(model, f"redis://localhost:{find_free_port()}/0", "kv-dead")
     assert len(serve(dead, PROMPT + [3])) == 6
