@@ -106,6 +106,9 @@ class PrefixCache:
         self.index: OrderedDict[bytes, int] = OrderedDict()  # LRU order: oldest first
         self.free = list(range(capacity_blocks - 1, -1, -1))
         self.pinned: set[bytes] = set()
+        # every block of a warmed template (stored with `pin`, or adopted), pinned here or not: past
+        # L1's pin room, a template's blocks are demoted like any other, and pinned in L2 instead
+        self.warmed: set[bytes] = set()
         self.evictions = 0
         self.hit_blocks = 0
         self.lookup_seconds = 0.0  # what the cache costs every request, hit or not (host clock)
@@ -304,6 +307,7 @@ class PrefixCache:
         if pin:
             room = self.capacity // 2 - len(self.pinned)
             self.pinned.update([key for key in keys if key in self.index][: max(0, room)])
+            self.warmed.update(keys)
         if self.l3 is not None and stored:
             if publish or pin or self.publish_on_first_use:
                 second = stored
@@ -347,6 +351,7 @@ class PrefixCache:
             self._protected = set()
         room = self.capacity // 2 - len(self.pinned)
         self.pinned.update(promoted[: max(0, room)])
+        self.warmed.update(promoted)
         for key in reversed(keys):  # as in lookup: the head ends most recent
             if key in self.index:
                 self.index.move_to_end(key)
@@ -413,12 +418,27 @@ class PrefixCache:
         if evicted and self.l2 is not None:  # demote rather than forget, copied before any overwrite
             aging = [key for _, key in evicted]  # eviction order: a chain tail first, as L2 keeps it
             evicted.sort()  # by row: rows and L2 slots then form runs
-            keys, rows = [key for _, key in evicted], [index for index, _ in evicted]
             try:  # straight out of the pool: no gather
-                self.l2.put_many(keys, self.pool, keep, rows=rows, oldest_first=aging)
+                self._demote(evicted, keep, aging)
             except Exception as exc:  # the blocks are forgotten, as when L2 is full; the rows still serve
                 self._tier_failed("l2 demotion", exc)
         return sorted(indices)
+
+    def _demote(self, evicted: list[tuple[int, bytes]], keep: frozenset[bytes], aging: list[bytes]) -> None:
+        """Copy evicted (row, key) blocks to L2; a warmed template's are pinned there, up to half of L2
+        (as in L1: an L2 full of pinned blocks could take nothing else)."""
+        l2 = self.l2
+        warm = []
+        if self.warmed:
+            room = max(0, l2.pool.shape[0] // 2 - len(l2.pinned))
+            warm = [(row, key) for row, key in evicted if key in self.warmed and key not in l2.pinned][:room]
+        if warm:
+            warm_keys = {key for _, key in warm}
+            evicted = [(row, key) for row, key in evicted if key not in warm_keys]
+            l2.put_many([key for _, key in warm], self.pool, keep, pin=True, rows=[row for row, _ in warm])
+        if evicted:
+            keys, rows = [key for _, key in evicted], [row for row, _ in evicted]
+            l2.put_many(keys, self.pool, keep, rows=rows, oldest_first=aging)
 
     def _evict(self, count: int) -> list[tuple[int, bytes]]:
         """Take up to `count` of the oldest blocks that may be evicted out of the index, as (row, key), in

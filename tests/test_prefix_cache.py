@@ -430,3 +430,20 @@ def test_stored_and_demoted_blocks_hold_their_own_content_in_a_fragmented_pool(m
         assert torch.all(cache.pool[row] == expected[key])
     for key, slot in cache.l2.index.items():
         assert torch.all(cache.l2.pool[slot] == expected[key])
+
+
+def test_a_warmed_template_stays_reusable_through_l2_under_one_off_traffic():
+    """Past L1's pin room (half the pool) a warmed template's blocks are demoted like any other; they
+    were unpinned in L2 too, and one-off traffic evicted them there (spec: "warmed prefixes can be
+    pinned"; found by a spec review). Pinned in L2, up to half of it, the whole template stays."""
+    clock = FakeClock()
+    cache = PrefixCache(TimedRunner(clock, copy_s=0.0), 4, 4, "fp", clock=clock)
+    cache.l2 = HostBlockPool(4, tuple(cache.pool.shape[1:]), torch.float32, pin=False)
+    template = list(range(1, 18))  # 4 full blocks of 4, and 1 token to compute
+    assert cache.store(0, template, "t", pin=True) == 4  # as the warmup's prefill_template
+    for i in range(6):  # one-off prompts of 4 blocks each: they cycle through L1 and L2
+        cache.store(0, list(range(1000 + 100 * i, 1017 + 100 * i)), "t")
+    demoted = [key for key in cache.chain_keys(template, "t") if key not in cache.index]
+    assert demoted and all(key in cache.l2.pinned for key in demoted)
+    assert len(cache.l2.pinned) <= 2, "at most half of L2 pinned"
+    assert len(cache.lookup(template, "t")) == 4, "the warmed template lost its tail to one-off traffic"
