@@ -116,6 +116,10 @@ class EngineConfig:
     l3_explore_s: float = 60.0  # a replica recomputing L3 prefixes still loads one a period (0: never)
     l3_publish_first_use: bool = False  # write every new block to Redis (default: on reuse, and warmup)
     l3_tenant_max_blocks: int = 0  # the most L3 blocks one tenant keeps in Redis (0: no quota)
+    # zlib (level 1) on L3 values: less Redis memory and network for more CPU on the writer thread and
+    # every load; off by default: KV bytes compress little (to 0.80 of their size in bfloat16, 0.93 in
+    # float32: the tiny model's, 2026-12-01) and a load is on the request path. Readers decode both
+    l3_compress: bool = False
     l3_prefetch: bool = True  # fetch the hot prefixes' L3 blocks on a thread during kernel warmup
     response_cache: bool = True
     response_cache_first_use: bool = False  # write every answer (default: on its prompt's second sighting)

@@ -184,6 +184,7 @@ def build_l3(
         breaker=CircuitBreaker(),
         directory=key_directory(config, namespace, log),
         tenant_max_blocks=config.l3_tenant_max_blocks,
+        compress=config.l3_compress,
     )
     return L3Tier(store, meta, cost=LoadCostModel(explore_every_s=config.l3_explore_s), ttl_s=config.l3_ttl_s)
 

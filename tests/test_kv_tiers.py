@@ -549,3 +549,30 @@ def test_a_renewal_never_ranks_a_tail_above_its_head(redis_server, request):
         assert h > t
     finally:
         l3.close()
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_l3_compression_is_a_model_parameter(model, redis_server, request, compress):  # noqa: F811
+    """`RedisKVStore` could compress L3 values, but no parameter reached it: served values were always raw
+    (spec: "optional compression"; found by a spec review). Blocks written either way serve another
+    replica, which reads both."""
+    import redis
+
+    from engine.config import EngineConfig
+    from engine.loader import build_l3
+
+    name = f"compress-{compress}"
+    config = EngineConfig.from_parameters(
+        {"model_dir": "unused", "redis_url": redis_server, "l3_compress": str(compress).lower()}
+    )
+    writer = replica(model, redis_server, f"llm:kv:v2:{name}")
+    writer.prefix_cache.l3.close()
+    writer.prefix_cache.l3 = build_l3(config, name, "fp", writer.runner, lambda message: None)
+    assert writer.prefix_cache.l3.store.compress is compress
+    expected = serve(writer, PROMPT + [9])
+    writer.prefix_cache.l3.close()
+    head = writer.prefix_cache.chain_keys(PROMPT + [9], "default")[0]
+    raw = redis.Redis.from_url(redis_server).get(f"llm:kv:v2:{name}:{head.hex()}")
+    assert raw is not None and (b"zlib" in raw[:512]) is compress
+    reader = replica(model, redis_server, f"llm:kv:v2:{name}")
+    assert serve(reader, PROMPT + [9]) == expected and reader.stats.prefix_reused_tokens == 48
