@@ -98,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--top-percent", type=float, help="top share of prompts by frequency (default 5)")
     job.add_argument("--per-cluster", type=int, help="most frequent prompts taken per cluster (default 2)")
     job.add_argument("--clusters", help="auto (silhouette, the default) or a number of clusters")
-    job.add_argument("--edge-cases", action="store_true", default=None, help="add synthetic edge cases")
+    job.add_argument(
+        "--edge-cases", action=argparse.BooleanOptionalAction, default=None,
+        help="add synthetic edge cases (default: on; --no-edge-cases leaves them out)",
+    )  # fmt: skip
     job.add_argument(
         "--max-items", help="log prompts sent at most (top and per-cluster; default 1000, none: no cap)"
     )

@@ -225,7 +225,7 @@ class SelectionConfig:
     top_percent: float = 5.0
     per_cluster: int = 2
     clusters: int | None = None  # None: chosen from the data (silhouette)
-    edge_cases: bool = False
+    edge_cases: bool = True  # the issue's selection adds them; the CLI's --no-edge-cases leaves them out
     max_prompt_tokens: int = 2047  # the server's limit (max_seq_len - 1)
     near_limit_fraction: float = 0.9
     max_auto_clusters: int = 12
@@ -435,7 +435,7 @@ def select_from_counts(
 ) -> Selection:
     """The warmup selection, in send order: top `top_percent` of distinct (tenant, prompt) by frequency
     (at least one when the log has any), then the `per_cluster` most frequent of each cluster not
-    already chosen, then the SLO templates, then (with `edge_cases`) the synthetic edge cases. An item
+    already chosen, then the SLO templates, then (`edge_cases`, the default) the synthetic edge cases. An item
     appears once per (tenant, normalized prompt), under its first reason. Log prompts longer than
     `max_prompt_tokens` are left out: the server would reject them. Past `max_items` log-derived items,
     the least frequent top items go first, then the cluster picks of the last clusters; templates and

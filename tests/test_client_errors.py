@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import http.server
 import io
@@ -146,12 +148,15 @@ def test_a_query_log_with_lines_but_no_usable_record_fails_the_job(tmp_path: Pat
     assert "none of the 4 lines" in err.getvalue()
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    quiet = wj.JobOptions(
-        log=empty, templates=None, selection=wj.SelectionConfig(), send=options.send, dry_run=True
-    )
+    plain = wj.SelectionConfig(edge_cases=False)
+    quiet = wj.JobOptions(log=empty, templates=None, selection=plain, send=options.send, dry_run=True)
     out = io.StringIO()
     assert wj.run_job(quiet, out, io.StringIO(), embed=topic_embed) == 0  # nothing logged yet: no failure
     assert "selected 0 warmup items" in out.getvalue() and "| #" in out.getvalue()  # an empty table
+    out = io.StringIO()  # with the default edge cases: only the synthetic ones, which need no log
+    assert wj.run_job(dataclasses.replace(quiet, selection=wj.SelectionConfig()), out, io.StringIO()) == 0
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("| ") and "reason" not in line]
+    assert rows and all("| edge_case " in row for row in rows if not row.startswith("|--")), rows
 
 
 @pytest.mark.parametrize("limit", ["0", "-1"])

@@ -111,7 +111,7 @@ def test_no_duplicates_and_whitespace_variants_counted_together() -> None:
 
 
 def test_top_percent_rounds_up_and_per_cluster_zero() -> None:
-    config = wj.SelectionConfig(top_percent=10, per_cluster=0, clusters=3)
+    config = wj.SelectionConfig(top_percent=10, per_cluster=0, clusters=3, edge_cases=False)
     items = wj.select_warmup_set(fixed_log(), [], embed=topic_embed, config=config)
     assert [(i.prompt, i.tenant) for i in items] == [  # ceil(3.8) = 4
         ("Refund for order 1?", "acme"), ("Shipping to Berlin?", "acme"),
@@ -387,3 +387,16 @@ def test_a_big_log_is_capped_keeping_every_clusters_picks_and_clustering_only_it
     uncapped = wj.select_from_counts(wj.count_prompts(records), [], embed=embed, config=few)
     assert uncapped.capped == 0 and uncapped.clustered == 300 and sum(embedded) == 2300
     assert not any(item.prompt.startswith("password") for item in uncapped.items)  # never clustered
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"), [([], True), (["--edge-cases"], True), (["--no-edge-cases"], False)]
+)
+def test_edge_cases_are_selected_unless_turned_off(flag: list[str], expected: bool) -> None:
+    """The issue's selection adds synthetic edge cases; they were opt-in (`--edge-cases`), so a job run
+    with the defaults never warmed the largest bucket or multi-byte detokenizing (found by a spec review)."""
+    from client.__main__ import build_parser, job_options
+
+    args = build_parser().parse_args(["warmup", "--log", "q.jsonl", *flag])
+    assert job_options(args).selection.edge_cases is expected
+    assert wj.SelectionConfig().edge_cases
