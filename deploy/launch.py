@@ -910,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--redis-maxmemory",
         default=None,
-        help=f"memory bound of the Redis started here, e.g. 8gb (default {REDIS_MEMORY_SHARE:.0%} of the "
+        help=f"memory bound of the Redis started here, e.g. 8gb (default {REDIS_MEMORY_SHARE:.0%}% of the "
         f"host memory available; 0: unbounded); at it the least recently used cache values go "
         f"({REDIS_POLICY})",
     )
