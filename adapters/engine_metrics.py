@@ -132,6 +132,8 @@ class TritonEngineObserver(EngineObserver):
         for kind in ("prefill", "decode"):
             for family in (self.steps, self.step_requests, self.step_seconds):
                 self._metric(family, kind=kind)
+            # at 0 from the start, so "stays 0 when warm" reads 0 rather than an absent series
+            self._metric(self.new_shapes, kind=kind)
         for tier in KNOWN_TIERS:
             self._metric(self.ttft_sum, tier=tier)
             self._metric(self.ttft_count, tier=tier)

@@ -36,9 +36,18 @@ from scheduler.tenant_auth import (
 )
 from scheduler.validation import validate_tenant
 from client.rewarm import rewarm
+from client.stack_defaults import (
+    FALLBACK_GRPC_URL,
+    FALLBACK_METRICS_URL,
+    URL_HELP,
+    default_grpc_url,
+    default_metrics_url,
+)
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
 
-DEFAULT_METRICS_URL = "http://localhost:8002/metrics"
+DEFAULT_METRICS_URL = FALLBACK_METRICS_URL  # when no --metrics-url is given and no stack of `make run` runs
+URL_OPTION_HELP = f"Triton gRPC address ({URL_HELP} {FALLBACK_GRPC_URL})"
+METRICS_OPTION_HELP = f"Triton's metrics ({URL_HELP} {FALLBACK_METRICS_URL})"
 JOB_ONLY = (
     "templates", "top_percent", "per_cluster", "clusters", "edge_cases", "dry_run", "tenant_field",
     "concurrency", "max_tokens", "max_prompt_tokens", "tokenizer", "no_progress", "fill_response_cache",
@@ -51,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="stream one generation and print its timing")
     gen.add_argument("prompt", metavar="PROMPT")
-    gen.add_argument("--url", default="localhost:8001", help="Triton gRPC address (default: %(default)s)")
+    gen.add_argument("--url", help=URL_OPTION_HELP)
     gen.add_argument("--model", default="llm", help="model to query (default: %(default)s)")
     gen.add_argument("--max-tokens", type=int, help="sampling_parameters.max_tokens")
     gen.add_argument("--temperature", type=float, help="sampling_parameters.temperature (0 = greedy)")
@@ -85,11 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     mode = warm.add_mutually_exclusive_group(required=True)
     mode.add_argument("--rewarm", action="store_true", help="reload the engine and re-run warmup")
     mode.add_argument("--log", type=Path, help="job mode: JSONL query log ({prompt, tenant, ts} per line)")
-    warm.add_argument("--url", default="localhost:8001", help="Triton gRPC address (default: %(default)s)")
+    warm.add_argument("--url", help=URL_OPTION_HELP)
     warm.add_argument(
         "--metrics-url",
-        help=f"Triton's metrics: --rewarm reads its warmup report there (default {DEFAULT_METRICS_URL}); "
-        "the job prints the cache tiers from there once it has sent its requests",
+        help="Triton's metrics: --rewarm reads its warmup report there (default: as for `cache`); the job "
+        "prints the cache tiers from there once it has sent its requests (only when given)",
     )
     warm.add_argument("--model", help="model: llm_engine to re-warm, llm (the ensemble) to send the job to")
     warm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default: %(default)s)")
@@ -125,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "ensemble so the first client requests do not pay its first-use cost (client/prime.py). With "
         "--marker, a later call only checks readiness (for a container's readiness probe).",
     )
-    primer.add_argument("--url", default="localhost:8001", help="Triton gRPC address (default: %(default)s)")
+    primer.add_argument("--url", help=URL_OPTION_HELP)
     primer.add_argument("--model", default="llm", help="model to prime (default: %(default)s)")
     primer.add_argument("--marker", type=Path, help="file written once primed; present: prime no more")
     primer.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default: 60)")
@@ -140,12 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the cache tiers at a glance: hits, fill, evictions, time saved, Redis trouble",
         description=cache_report_doc,
     )
+    cache.add_argument("--metrics-url", help=METRICS_OPTION_HELP)
     cache.add_argument(
-        "--metrics-url",
-        default=DEFAULT_METRICS_URL,
-        help="Triton's metrics (default: %(default)s)",
+        "--json",
+        action="store_true",
+        help='one JSON object instead of a table: {"tiers": [one object per tier], "redis": ...}',
     )
-    cache.add_argument("--json", action="store_true", help="one JSON object per tier instead of a table")
     cache.add_argument(
         "--redis-url", help="also show the Redis's memory: used against maxmemory, policy, keys evicted"
     )
@@ -292,7 +301,11 @@ def format_stats(result: GenerationResult) -> str:
 
 
 def run_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    shown = False
+
     def show(piece: str) -> None:
+        nonlocal shown
+        shown = shown or bool(piece)
         out.write(piece)
         out.flush()
 
@@ -304,8 +317,9 @@ def run_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             tenant_token=args.tenant_token,
         )  # fmt: skip
     except (GenerationError, InferenceServerException, OSError) as exc:
-        out.write("\n")
-        out.flush()
+        if shown:  # end the line of the pieces streamed before the error
+            out.write("\n")
+            out.flush()
         err.write(f"error: {exc}\n")
         return 1
     out.write("\n" + format_stats(result) + "\n")
@@ -357,7 +371,7 @@ def check_warmup_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 def run_rewarm(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     model = args.model or "llm_engine"
     try:
-        result = rewarm(args.url, args.metrics_url or DEFAULT_METRICS_URL, model, args.timeout)
+        result = rewarm(args.url, args.metrics_url or default_metrics_url(), model, args.timeout)
     except (InferenceServerException, RuntimeError, OSError) as exc:
         print(f"error: re-warm of {model} failed: {exc}", file=err)
         return 1
@@ -393,9 +407,19 @@ def run_prime(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def resolve_default_urls(args: argparse.Namespace) -> None:
+    """Fill in --url (and `cache`'s --metrics-url) when not given: the running stack of `make run`
+    (.run/main/stack.json), else localhost:8001 / :8002 (client/stack_defaults.py)."""
+    if getattr(args, "url", "") is None:
+        args.url = default_grpc_url()
+    if args.command == "cache" and args.metrics_url is None:
+        args.metrics_url = default_metrics_url()
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    resolve_default_urls(args)
     out = out or sys.stdout
     err = err or sys.stderr
     if args.command == "generate":

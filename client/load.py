@@ -30,6 +30,7 @@ import numpy as np
 
 from client.arrivals import ARRIVAL_KINDS, arrival_times, gap_cv
 from client.generate import GenerationResult, StreamingSession
+from client.stack_defaults import FALLBACK_GRPC_URL, URL_HELP, default_grpc_url
 from scheduler.tenant_auth import ttl_argument
 from client.workload import (
     DEFAULT_MIX,
@@ -335,7 +336,7 @@ def default_targets(device: str) -> dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m client.load", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="localhost:8001", help="Triton gRPC address (default: %(default)s)")
+    p.add_argument("--url", help=f"Triton gRPC address ({URL_HELP} {FALLBACK_GRPC_URL})")
     p.add_argument("--model", default="llm", help="model to load (default: %(default)s)")
     p.add_argument("--rate", type=float, default=5.0, help="mean arrivals per second (default: %(default)s)")
     span = p.add_mutually_exclusive_group()
@@ -426,8 +427,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         err.flush()
 
     records = run_load(
-        args.url, planned, concurrency_limit=args.concurrency_limit, on_progress=progress,
-        progress_every_s=1.0 if tty else 5.0, timeout_s=args.timeout, model=args.model,
+        args.url or default_grpc_url(), planned, concurrency_limit=args.concurrency_limit,
+        on_progress=progress, progress_every_s=1.0 if tty else 5.0, timeout_s=args.timeout, model=args.model,
     )  # fmt: skip
     if tty:
         err.write("\n")

@@ -7,9 +7,11 @@ Library:
 
 CLI (``make run`` uses it; the Docker image runs it with ``--foreground``):
     python -m deploy.launch [--warmup on|off] [--run-dir .run/main] [--foreground]
-                            [--param model.key=value ...] [--model-dir DIR] [--text-env DIR]
-                            [--no-redis --redis-url URL] [--tritonserver BIN] [--backend-dir DIR]
-                            [--grpc-port P --http-port P --metrics-port P]
+                            [--param model.key=value ...] [--model-dir DIR] [--model-repository DIR]
+                            [--text-env DIR] [--no-redis --redis-url URL] [--redis-maxmemory SIZE]
+                            [--tritonserver BIN] [--backend-dir DIR]
+                            [--grpc-port P --http-port P --metrics-port P] [--ready-model NAME ...]
+                            [--timeout S] [--log-verbose N] [--no-prime]
 
 The model repository is rendered into ``<run_dir>/model_repository`` with each model's Python-backend
 parameters set (``model_dir``, ``redis_url``, ``warmup``, ``--param`` overrides), so the checked-in
@@ -885,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup",
         choices=["on", "off"],
         default=None,
-        help="engine warmup in initialize() (default: the model config's)",
+        help="engine warmup in initialize() (default: the model config's); off also skips priming",
     )
     ap.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
     ap.add_argument("--foreground", action="store_true", help="stay attached until Ctrl-C / SIGTERM")
@@ -910,7 +912,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--redis-maxmemory",
         default=None,
-        help=f"memory bound of the Redis started here, e.g. 8gb (default {REDIS_MEMORY_SHARE:.0%} of the "
+        help=f"memory bound of the Redis started here, e.g. 8gb (default {REDIS_MEMORY_SHARE:.0%}% of the "
         f"host memory available; 0: unbounded); at it the least recently used cache values go "
         f"({REDIS_POLICY})",
     )

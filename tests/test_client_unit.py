@@ -78,7 +78,9 @@ def test_false_exclude_input_is_still_sent() -> None:
 
 def test_cli_defaults() -> None:
     args = build_parser().parse_args(["generate", "Hello there"])
-    assert args.prompt == "Hello there" and args.url == "localhost:8001" and args.model == "llm"
+    # no --url: main() resolves it (the running stack of `make run`, else localhost:8001;
+    # tests/test_stack_defaults.py)
+    assert args.prompt == "Hello there" and args.url is None and args.model == "llm"
     assert args.stream is True and args.tier is None and args.tenant is None
     assert args.exclude_input_in_output is None
     assert sampling_from_args(args) is None  # nothing given: no sampling_parameters tensor
@@ -291,6 +293,7 @@ def test_cli_error_exit_code(fake: tuple[str, FakeLLM]) -> None:
     out, err = io.StringIO(), io.StringIO()
     assert main(["generate", "--url", fake[0], "fail"], out, err) == 1
     assert err.getvalue().startswith("error: unknown slo_tier 'gold'; allowed:")
+    assert out.getvalue() == ""  # no piece came: no blank line before the error
 
 
 def test_requests_carry_their_tier_as_triton_priority():

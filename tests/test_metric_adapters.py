@@ -79,3 +79,13 @@ def test_a_log_event_line_names_its_real_caller():
         log_event("engine_stopped", serialized_log(lines.append, threading.Lock()), stats={})
         sys.modules.pop("adapters.triton_common", None)
     assert lines[0].startswith("[test_metric_adapters.py:"), lines[0]
+
+
+def test_new_shapes_after_ready_exists_at_zero_before_any_new_shape(observer):
+    """A warm server never increments it; the series must still be there, reading 0 (README)."""
+    obs, series = observer
+    for kind in ("prefill", "decode"):
+        assert total(series, "llm_engine_new_shapes_after_ready_total", kind=kind) == 0
+    obs.on_new_shape("decode", 64)
+    assert total(series, "llm_engine_new_shapes_after_ready_total", kind="decode") == 1
+    assert total(series, "llm_engine_new_shapes_after_ready_total", kind="prefill") == 0

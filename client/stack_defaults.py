@@ -1,0 +1,69 @@
+"""Where the client commands send requests when ``--url`` / ``--metrics-url`` are not given.
+
+``make run`` (``python -m deploy.launch``) starts tritonserver on free ports and records them in
+``.run/main/stack.json``. While the tritonserver that file names is running, its gRPC and metrics
+addresses are the defaults; otherwise (no such file, an unreadable one, a stack that was stopped or
+crashed) Triton's standard ports on localhost: ``localhost:8001`` and ``http://localhost:8002/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STACK_FILE = REPO_ROOT / ".run" / "main" / "stack.json"  # deploy.launch's DEFAULT_RUN_DIR / STACK_FILE
+FALLBACK_GRPC_URL = "localhost:8001"
+FALLBACK_METRICS_URL = "http://localhost:8002/metrics"
+URL_HELP = "default: the stack .run/main/stack.json names while it runs (make run), else"
+
+
+def running_stack(path: Path | str | None = None) -> dict | None:
+    """The contents of a stack.json (default: STACK_FILE) whose tritonserver is alive; None otherwise."""
+    try:
+        data = json.loads(Path(STACK_FILE if path is None else path).read_text())
+        pid = int(data["pids"]["tritonserver"])
+        create_time = (data.get("create_times") or {}).get("tritonserver")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return data if _alive(pid, create_time) else None
+
+
+def _alive(pid: int, create_time: float | None) -> bool:
+    """pid runs and, when its start time was recorded, is that process and not a reused pid."""
+    if pid <= 0:
+        return False
+    try:
+        import psutil
+    except ImportError:
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            return True
+        except OSError:
+            return False
+        return True
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return create_time is None or abs(process.create_time() - float(create_time)) < 1.0
+    except (psutil.Error, TypeError, ValueError):
+        return False
+
+
+def _from_stack(key: str, fallback: str, path: Path | str | None) -> str:
+    stack = running_stack(path)
+    value = stack.get(key) if stack else None
+    return value if isinstance(value, str) and value else fallback
+
+
+def default_grpc_url(path: Path | str | None = None) -> str:
+    """Triton's gRPC address for a command given no --url."""
+    return _from_stack("grpc_url", FALLBACK_GRPC_URL, path)
+
+
+def default_metrics_url(path: Path | str | None = None) -> str:
+    """Triton's metrics URL for a command given no --metrics-url."""
+    return _from_stack("metrics_url", FALLBACK_METRICS_URL, path)
