@@ -18,6 +18,7 @@ UNITS = {"l1": "blocks", "l2": "blocks", "l3": "chains", "exact": "requests", "s
 # L3 over the chains it was asked for: served (all or part) or not (Redis lacked it, or recomputing won)
 L3_SERVED, L3_NOT_SERVED = ("chains_loaded", "chains_partial"), ("chains_missing", "chains_recompute")
 HIT_COUNTER = {"l1": "hit_blocks", "l2": "hit_blocks"}  # others: "hits"
+MISS_COUNTER = {"l1": "miss_blocks", "l2": "miss_blocks"}  # blocks asked that the tier did not hold
 BAD_COUNTERS = ("corrupt", "checksum_failures", "incompatible", "incomplete", "bad_indexes")
 DECISIONS = ("load", "recompute", "explore")  # the L3 cost model's, per chain Redis held
 
@@ -27,7 +28,7 @@ class TierRow:
     tier: str
     unit: str
     hits: float
-    misses: float | None  # the KV tiers count a miss where the chain continues in the next tier: none
+    misses: float | None  # L1/L2: blocks a lookup asked for past the tier's leading run
     held: float | None  # blocks held now (L1/L2)
     capacity: float | None
     evictions: float
@@ -60,7 +61,7 @@ def hits(tier: str, counter) -> float:
 
 
 def misses(tier: str, counter) -> float:
-    return sum(map(counter, L3_NOT_SERVED)) if tier == "l3" else counter("misses")
+    return sum(map(counter, L3_NOT_SERVED)) if tier == "l3" else counter(MISS_COUNTER.get(tier, "misses"))
 
 
 def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
@@ -77,13 +78,12 @@ def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
             present = any(f'gauge="{name}"' in key and f'tier="{tier}"' in key for key in metrics)
             return metric_total(metrics, "llm_engine_cache_state", tier=tier, gauge=name) if present else None
 
-        kv = tier in ("l1", "l2")
         rows.append(
             TierRow(
                 tier=tier,
                 unit=UNITS[tier],
                 hits=hits(tier, counter),
-                misses=None if kv else misses(tier, counter),
+                misses=misses(tier, counter),
                 held=gauge("blocks"),
                 capacity=gauge("capacity_blocks"),
                 evictions=counter(EVICTION_COUNTER.get(tier, "evictions")),

@@ -63,7 +63,10 @@ def cache_counters(
     cache's bookkeeping time: what every request pays for it, hit or miss)."""
     out: dict[tuple[str, str], float] = {}
     if prefix is not None:
+        block_bytes = prefix.bytes // max(1, prefix.capacity)
         out[("l1", "hit_blocks")] = prefix.hit_blocks
+        out[("l1", "miss_blocks")] = prefix.miss_blocks
+        out[("l1", "bytes_loaded")] = prefix.hit_blocks * block_bytes  # copied into the request's slot
         out[("l1", "evictions")] = prefix.evictions
         out[("prefix", "lookup_seconds")] = prefix.lookup_seconds  # the cache's own cost per request
         out[("prefix", "store_seconds")] = prefix.store_seconds
@@ -71,6 +74,8 @@ def cache_counters(
         tiers = ["l1"]
         if prefix.l2 is not None:
             out[("l2", "hit_blocks")] = prefix.l2.hits
+            out[("l2", "miss_blocks")] = prefix.l2_miss_blocks
+            out[("l2", "bytes_loaded")] = prefix.l2.hits * block_bytes  # host to device
             out[("l2", "evictions")] = prefix.l2.evictions
             tiers.append("l2")
         if prefix.l3 is not None:

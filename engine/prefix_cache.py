@@ -111,6 +111,10 @@ class PrefixCache:
         self.warmed: set[bytes] = set()
         self.evictions = 0
         self.hit_blocks = 0
+        # blocks a lookup asked a tier for that it did not hold (a prompt's chain past L1's, then past
+        # L2's, leading run): with hit_blocks, each tier's block hit rate
+        self.miss_blocks = 0
+        self.l2_miss_blocks = 0
         self.lookup_seconds = 0.0  # what the cache costs every request, hit or not (host clock)
         self.store_seconds = 0.0
         # exceptions a tier raised (a bug, a device or host memory failure; Redis errors are the store's
@@ -187,6 +191,7 @@ class PrefixCache:
             found.append(key)
         from_l3 = sum(1 for key in found if key in adopted)  # fetched by the prefetch, adopted just now
         self.hit_blocks += len(found) - from_l3
+        self.miss_blocks += len(keys) - len(found)
         self._pending = [("l1", len(found) - from_l3, 0.0)]
         if from_l3:
             self._pending.append(("l3", from_l3, adopted_s))
@@ -199,6 +204,7 @@ class PrefixCache:
                     "l2 lookup", lambda: self._promote_from_l2(rest, self.l2.take_run(rest))
                 )
                 self._pending.append(("l2", len(promoted), self.clock() - started))
+                self.l2_miss_blocks += len(rest) - len(promoted)
                 found += promoted
             if self.l3 is not None and len(found) < len(keys) and keys[len(found)] not in asked:
                 started = self.clock()

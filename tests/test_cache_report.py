@@ -14,7 +14,7 @@ from client.cache_report import format_rows, tier_rows
 from client.metrics import parse_metrics
 
 SAMPLES = [  # (family, tier, counter or gauge, value) as the engine exports them
-    ("total", "l1", "hit_blocks", 30), ("total", "l1", "evictions", 12),
+    ("total", "l1", "hit_blocks", 30), ("total", "l1", "miss_blocks", 90), ("total", "l1", "evictions", 12),
     ("total", "l1", "seconds_saved", 0.25),
     ("state", "l1", "blocks", 64), ("state", "l1", "capacity_blocks", 256),
     ("total", "l3", "hits", 40), ("total", "l3", "misses", 1), ("total", "l3", "checksum_failures", 2),
@@ -42,8 +42,8 @@ def test_each_reported_tier_gets_its_figures_and_absent_tiers_none():
     rows = {row.tier: row for row in tier_rows(parse_metrics(SCRAPE))}
     assert set(rows) == {"l1", "l3", "exact"}  # no L2 or semantic samples: not running
     l1, l3, exact = rows["l1"], rows["l3"], rows["exact"]
-    assert (l1.hits, l1.misses, l1.held, l1.capacity, l1.fill, l1.evictions) == (30, None, 64, 256, 0.25, 12)
-    assert l1.seconds_saved == 0.25 and l1.hit_rate is None
+    assert (l1.hits, l1.misses, l1.held, l1.capacity, l1.fill, l1.evictions) == (30, 90, 64, 256, 0.25, 12)
+    assert l1.seconds_saved == 0.25 and l1.hit_rate == 0.25  # blocks: 30 served of 120 asked
     # L3 over chains asked: 5 served of 20 (blocks loaded and store-level misses are not the measure)
     assert (l3.hits, l3.misses, l3.hit_rate, l3.unit) == (5, 15, 0.25, "chains")
     assert (l3.bad_values, l3.refused_writes, l3.capacity, l3.evictions) == (3, 4, None, 5)  # quota trims

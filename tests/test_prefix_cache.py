@@ -447,3 +447,22 @@ def test_a_warmed_template_stays_reusable_through_l2_under_one_off_traffic():
     assert demoted and all(key in cache.l2.pinned for key in demoted)
     assert len(cache.l2.pinned) <= 2, "at most half of L2 pinned"
     assert len(cache.lookup(template, "t")) == 4, "the warmed template lost its tail to one-off traffic"
+
+
+def test_l1_and_l2_count_the_blocks_they_missed_and_the_bytes_they_served():
+    """Per tier hits and misses (spec, metrics): L1 and L2 counted only hits, so their hit rates could not
+    be read (found by a spec review). A miss is a block a lookup asked the tier for, past what it held."""
+    clock = FakeClock()
+    cache = PrefixCache(TimedRunner(clock, copy_s=0.0), 4, 4, "fp", clock=clock)
+    cache.l2 = HostBlockPool(8, tuple(cache.pool.shape[1:]), torch.float32, pin=False)
+    a = list(range(1, 14))  # 3 full blocks of 4, and 1 token to compute
+    cache.store(0, a, "t")
+    assert len(cache.lookup(a + [50, 51, 52, 53], "t")) == 3  # 4 blocks asked: L1 has 3, L2 none
+    assert (cache.hit_blocks, cache.miss_blocks, cache.l2.hits, cache.l2_miss_blocks) == (3, 1, 0, 1)
+    cache.store(0, list(range(100, 117)), "t")  # 4 blocks of another prompt push `a` down to L2
+    assert len(cache.lookup(a, "t")) == 3  # from L2 now
+    assert (cache.hit_blocks, cache.miss_blocks, cache.l2.hits, cache.l2_miss_blocks) == (3, 4, 3, 1)
+    counters = cache_counters(cache, None)
+    block_bytes = cache.pool[0].numel() * cache.pool.element_size()
+    assert counters[("l1", "miss_blocks")] == 4 and counters[("l2", "miss_blocks")] == 1
+    assert counters[("l1", "bytes_loaded")] == 3 * block_bytes == counters[("l2", "bytes_loaded")]
