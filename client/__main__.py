@@ -40,6 +40,7 @@ from client.stack_defaults import (
     FALLBACK_GRPC_URL,
     FALLBACK_METRICS_URL,
     URL_HELP,
+    adopt_stack_secret,
     default_grpc_url,
     default_metrics_url,
 )
@@ -420,6 +421,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     parser = build_parser()
     args = parser.parse_args(argv)
     resolve_default_urls(args)
+    adopt_stack_secret(getattr(args, "url", None) or default_grpc_url())
     out = out or sys.stdout
     err = err or sys.stderr
     if args.command == "generate":

@@ -30,7 +30,7 @@ import numpy as np
 
 from client.arrivals import ARRIVAL_KINDS, arrival_times, gap_cv
 from client.generate import GenerationResult, StreamingSession
-from client.stack_defaults import FALLBACK_GRPC_URL, URL_HELP, default_grpc_url
+from client.stack_defaults import FALLBACK_GRPC_URL, URL_HELP, adopt_stack_secret, default_grpc_url
 from scheduler.tenant_auth import ttl_argument
 from client.workload import (
     DEFAULT_MIX,
@@ -404,6 +404,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     except (ValueError, OSError, KeyError) as exc:
         err.write(f"error: {exc}\n")
         return 2
+    adopt_stack_secret(args.url or default_grpc_url())  # before any token is made
     span = float(times[-1]) if times.size else 0.0
     out.write(
         f"plan: {len(planned)} requests over {span:.1f} s ({args.arrivals}, rate {args.rate:g}/s, "

@@ -4,13 +4,20 @@
 ``.run/main/stack.json``. While the tritonserver that file names is running, its gRPC and metrics
 addresses are the defaults; otherwise (no such file, an unreadable one, a stack that was stopped or
 crashed) Triton's standard ports on localhost: ``localhost:8001`` and ``http://localhost:8002/metrics``.
+
+A stack started without ``LLM_TENANT_SECRET`` signs tenants with a secret of its own
+(deploy/stack_secret.py); a command sent to it by a process with no secret signs with that one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
+
+from deploy.stack_secret import read_tenant_secret
+from scheduler.tenant_auth import SECRET_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STACK_FILE = REPO_ROOT / ".run" / "main" / "stack.json"  # deploy.launch's DEFAULT_RUN_DIR / STACK_FILE
@@ -67,3 +74,32 @@ def default_grpc_url(path: Path | str | None = None) -> str:
 def default_metrics_url(path: Path | str | None = None) -> str:
     """Triton's metrics URL for a command given no --metrics-url."""
     return _from_stack("metrics_url", FALLBACK_METRICS_URL, path)
+
+
+def adopt_stack_secret(
+    url: str, environ: MutableMapping[str, str] = os.environ, path: Path | str | None = None
+) -> bool:
+    """Sign this process's tenants with the secret of the running stack at `url` (its gRPC address) that
+    made its own, unless the process has LLM_TENANT_SECRET; True when adopted."""
+    if environ.get(SECRET_ENV):
+        return False
+    stack = running_stack(path)
+    if not stack or not _same_local_address(url, stack.get("grpc_url")):
+        return False
+    secret = read_tenant_secret(stack.get("tenant_secret_file"))
+    if secret is None:
+        return False
+    environ[SECRET_ENV] = secret
+    return True
+
+
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+
+def _same_local_address(url: str, stack_url: object) -> bool:
+    """Whether `url` names the stack's gRPC port on this machine (the stack records 'localhost:P')."""
+    if not isinstance(stack_url, str) or not url:
+        return False
+    host, _, port = url.rpartition(":")
+    _, _, stack_port = stack_url.rpartition(":")
+    return host in LOCAL_HOSTS and port == stack_port

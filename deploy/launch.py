@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cache.response_cache import redact_url
+from deploy.stack_secret import provide_tenant_secret
+from scheduler.tenant_auth import SECRET_ENV
 from engine.cache_sizing import host_available_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -317,6 +319,7 @@ class Stack:
     redis_log: Path | None
     create_times: dict[str, float] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict, repr=False)  # what the server got beyond ours
+    tenant_secret_file: Path | None = None  # the stack's own tenant secret (deploy/stack_secret.py)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -348,6 +351,7 @@ class Stack:
             "run_dir": str(self.run_dir),
             "triton_log": str(self.triton_log),
             "redis_log": str(self.redis_log) if self.redis_log else None,
+            "tenant_secret_file": str(self.tenant_secret_file) if self.tenant_secret_file else None,
         }
 
     @classmethod
@@ -363,6 +367,7 @@ class Stack:
             triton_log=Path(data["triton_log"]),
             redis_log=Path(data["redis_log"]) if data.get("redis_log") else None,
             create_times={k: float(v) for k, v in data.get("create_times", {}).items()},
+            tenant_secret_file=Path(data["tenant_secret_file"]) if data.get("tenant_secret_file") else None,
         )
 
     @property
@@ -416,6 +421,8 @@ class Stack:
             except (OSError, ValueError):
                 pass
         self.drain_file.unlink(missing_ok=True)
+        if self.tenant_secret_file is not None:
+            self.tenant_secret_file.unlink(missing_ok=True)
 
     def __enter__(self) -> Stack:
         return self
@@ -737,6 +744,12 @@ def start_stack(opts: StackOptions) -> Stack:
         env["LLM_DRAIN_FILE"] = str(run_dir / DRAIN_FILE)  # per stack: a stop drains this one only
         (run_dir / DRAIN_FILE).unlink(missing_ok=True)  # a stale marker would refuse every request
         env.update(opts.extra_env)
+        secret_file = provide_tenant_secret(run_dir, env)
+        if secret_file is not None:
+            log(
+                f"tenants: no {SECRET_ENV}, so this stack signs with a secret of its own ({secret_file}; the "
+                f"client tools read it); give {SECRET_ENV} to share one across replicas"
+            )
         if opts.repo_pth:
             stub_python = shutil.which("python3", path=env.get("PATH"))
             for py in [
@@ -790,6 +803,7 @@ def start_stack(opts: StackOptions) -> Stack:
             redis_log,
             {n: t for n, p in pids.items() if (t := _create_time(p)) is not None},
             extra_env=dict(opts.extra_env),
+            tenant_secret_file=secret_file,
             _procs=procs,
         )
         # recorded at once, so `deploy.stop` can clean up even while models are still loading

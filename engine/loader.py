@@ -40,7 +40,7 @@ from scheduler.admission import AdmissionController
 from scheduler.kv_pools import KVPoolPlan, plan_kv_pools, single_pool
 from scheduler.preemption import PreemptionPolicy
 from scheduler.errors import RequestError
-from scheduler.tenant_auth import SECRET_ENV, TenantAuth
+from scheduler.tenant_auth import SECRET_ENV, TRUST_ENV, TenantAuth
 from scheduler.tiers import TierTable
 from scheduler.validation import validate_tenant
 from scheduler.warmup_planner import BucketPlan, plan_buckets, predict_reserve
@@ -410,8 +410,10 @@ def load_engine(
     engine.log = log
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
     engine.tenant_auth = TenantAuth.from_env()
-    if not engine.tenant_auth.enabled:
-        log(f"tenants are taken as named ({SECRET_ENV} unset): any client may act as any tenant")
+    if not engine.tenant_auth.enabled and engine.tenant_auth.trust_client:
+        log(f"tenants taken as named ({TRUST_ENV}=true, no {SECRET_ENV}): any client may act as any tenant")
+    elif not engine.tenant_auth.enabled:
+        log(f"{SECRET_ENV} unset: serving tenant 'default' only, requests naming another are refused")
     elif engine.tenant_auth.previous is not None:
         log("tenant tokens of the previous secret still pass: drop it once the tokens are reissued")
     fingerprint = serving_fingerprint(model_dir, max_len, config.dtype)

@@ -15,10 +15,14 @@ revokes, and `LLM_TENANT_TOKEN_REQUIRE_EXPIRY=1` makes the servers refuse those.
 without refusing live tokens: move it to `LLM_TENANT_SECRET_PREVIOUS`, set the new one, reissue the
 tokens, then drop the previous one.
 
-Without a secret every named tenant is taken as given (development, or every client trusted); the
-engine logs that once when it loads. A gateway that assigns tenants needs the secret too (it sends the
-tokens): the `tenant` input and request parameter both come from the client, and a header Triton
-forwards as a parameter loses to the client's own `tenant` tensor.
+Without a secret a server cannot tell tenants apart, so it serves `default` only and refuses a request
+that names another tenant: the key salt is set by the server, never by the client. Development, or a
+deployment whose every client is trusted, may take tenants as named instead (`LLM_TENANT_TRUST_CLIENT=
+true`); the engine logs that once when it loads. `python -m deploy.launch` started without either gives
+its stack a secret of its own (deploy/launch.py), which the client tools read for a stack they target.
+A gateway that assigns tenants needs the secret too (it sends the tokens): the `tenant` input and
+request parameter both come from the client, and a header Triton forwards as a parameter loses to the
+client's own `tenant` tensor.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ SECRET_ENV = "LLM_TENANT_SECRET"
 PREVIOUS_SECRET_ENV = "LLM_TENANT_SECRET_PREVIOUS"  # still accepted while tokens are reissued
 REQUIRE_EXPIRY_ENV = "LLM_TENANT_TOKEN_REQUIRE_EXPIRY"
 ANONYMOUS_ENV = "LLM_TENANT_ANONYMOUS"  # false: every request needs a token, `default`'s included
+TRUST_ENV = "LLM_TENANT_TRUST_CLIENT"  # true, without a secret: tenants taken as named (development)
 _CONTEXT = b"llm-tenant-token-v1\0"  # a token is good for this use only
 _CONTEXT_EXPIRING = b"llm-tenant-token-v2\0"
 TOOL_TOKEN_TTL_S = 24 * 3600  # what operator tools (warmup job, load generator) sign for themselves
@@ -125,6 +130,9 @@ class TenantAuth:
     previous: bytes | None = None  # the secret before a rotation: its tokens still pass
     require_expiry: bool = False  # refuse tokens without an expiry
     anonymous: bool = True  # `default` without a token (at unrestricted tiers); False: every request signed
+    # without a secret: take named tenants as given. The servers read it from TRUST_ENV (default false);
+    # True here is for engines built in-process (tests, in-process benchmarks), whose caller is the client
+    trust_client: bool = True
     clock: Callable[[], float] = field(default=time.time, compare=False)
 
     @classmethod
@@ -134,6 +142,9 @@ class TenantAuth:
         value, previous = environ.get(SECRET_ENV, ""), environ.get(PREVIOUS_SECRET_ENV, "")
         require_expiry = _flag(environ, REQUIRE_EXPIRY_ENV)
         anonymous = _flag(environ, ANONYMOUS_ENV, default=True)
+        trust_client = _flag(environ, TRUST_ENV)
+        if trust_client and value:
+            raise ValueError(f"{TRUST_ENV}=true and {SECRET_ENV} are both set: tenants need tokens or do not")
         for name, needs_secret in (
             (PREVIOUS_SECRET_ENV, bool(previous)),
             (REQUIRE_EXPIRY_ENV, require_expiry),
@@ -146,6 +157,7 @@ class TenantAuth:
             previous.encode("utf-8") if previous else None,
             require_expiry,
             anonymous,
+            trust_client,
         )
 
     @property
@@ -159,6 +171,12 @@ class TenantAuth:
         steps' own requests (the engine's warmup, the scheduler step's self-warmup, Triton's warmup
         samples to either), never refused for lacking one."""
         if self.secret is None:
+            if tenant != DEFAULT_TENANT and tier is not None and not self.trust_client:
+                raise RequestError.invalid(
+                    f"tenant {tenant!r}: this server has no {SECRET_ENV}, so it cannot tell tenants apart "
+                    f"and serves tenant {DEFAULT_TENANT!r} only; leave the tenant out, or have the operator "
+                    f"set {SECRET_ENV} (tenants then send tokens) or, in development, {TRUST_ENV}=true"
+                )
             return ""
         if isinstance(token, bytes):
             token = token.decode("utf-8", errors="replace")

@@ -136,3 +136,23 @@ def test_the_stack_file_is_the_launchers_default() -> None:
     from deploy.launch import DEFAULT_RUN_DIR, STACK_FILE
 
     assert stack_defaults.STACK_FILE == DEFAULT_RUN_DIR / STACK_FILE
+
+
+def test_a_command_to_a_stack_with_its_own_tenant_secret_signs_with_it(tmp_path: Path) -> None:
+    """A stack started without LLM_TENANT_SECRET signs tenants with a secret of its own
+    (deploy/stack_secret.py); the client tools sent to it read that one, and only for it."""
+    me = psutil.Process()
+    path = write_stack(tmp_path / "stack.json", me.pid, me.create_time(), port=41234)
+    secret_file = tmp_path / "tenant_secret"
+    secret_file.write_text("s3cret\n")
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "tenant_secret_file": str(secret_file)}))
+    environ: dict[str, str] = {}
+    assert not stack_defaults.adopt_stack_secret("localhost:9999", environ, path) and not environ
+    assert stack_defaults.adopt_stack_secret("127.0.0.1:41234", environ, path)
+    assert environ == {"LLM_TENANT_SECRET": "s3cret"}
+    mine = {"LLM_TENANT_SECRET": "the operator's"}
+    assert not stack_defaults.adopt_stack_secret("localhost:41234", mine, path)  # its own wins
+    assert mine == {"LLM_TENANT_SECRET": "the operator's"}
+    secret_file.unlink()
+    assert not stack_defaults.adopt_stack_secret("localhost:41234", {}, path)

@@ -1,6 +1,6 @@
 """Tenant authentication (scheduler/tenant_auth.py): with a server secret, a request acts as a named
 tenant only with that tenant's token, in the scheduler step and in the engine (which Triton serves
-directly too); without one, tenants are taken as named."""
+directly too); without one, a server serves `default` only unless told to trust its clients."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from cache.response_cache import ExactResponseCache
+from client import stack_defaults
 from client.__main__ import main as client_main
 from client.generate import input_arrays
 from scheduler.errors import RequestError
@@ -23,6 +24,7 @@ from scheduler.tenant_auth import (
     PREVIOUS_SECRET_ENV,
     REQUIRE_EXPIRY_ENV,
     SECRET_ENV,
+    TRUST_ENV,
     TenantAuth,
     tenant_token,
     token_from_env,
@@ -198,6 +200,8 @@ def test_a_server_may_refuse_anonymous_requests_but_not_its_own():
         {REQUIRE_EXPIRY_ENV: "1"},
         {ANONYMOUS_ENV: "false"},  # refusing anonymous traffic with nothing to sign tokens
         {SECRET_ENV: "s", ANONYMOUS_ENV: "sometimes"},
+        {SECRET_ENV: "s", TRUST_ENV: "true"},  # tokens required and tenants taken as named
+        {TRUST_ENV: "sometimes"},
     ],
 )
 def test_settings_that_make_no_sense_refuse_to_start(environ):
@@ -211,9 +215,20 @@ def test_tokens_are_per_tenant_and_per_secret():
     assert token not in (tenant_token(SECRET, "acme2"), tenant_token(b"other", "acme"))
 
 
-def test_without_a_secret_every_tenant_is_taken_as_named():
+def test_without_a_secret_a_server_serves_default_only_unless_told_to_trust_its_clients():
+    """The key salt is set by the server, never by the client (the issue): with nothing to check a
+    tenant's claim against, a server took every named tenant as given, and any client could read and fill
+    another tenant's caches by naming it (found by a spec review)."""
+    tier = TierTable.defaults().default
     auth = TenantAuth.from_env({})
-    assert not auth.enabled and auth.check("acme", None) == "" and auth.check("acme", "junk") == ""
+    assert not auth.enabled and auth.check("default", None, tier) == ""
+    with pytest.raises(RequestError) as info:
+        auth.check("acme", None, tier)
+    assert info.value.code == "INVALID_ARG" and SECRET_ENV in info.value.message
+    assert TRUST_ENV in info.value.message
+    assert auth.check("acme", None) == ""  # the steps' own requests (no tier) are never refused
+    trusting = TenantAuth.from_env({TRUST_ENV: "true"})
+    assert trusting.check("acme", None, tier) == "" and trusting.check("acme", "junk", tier) == ""
 
 
 @pytest.mark.parametrize(
@@ -285,6 +300,7 @@ def test_operator_tools_send_the_token_of_the_tenant_they_name(monkeypatch):
 def test_the_tenant_token_command(monkeypatch):
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.setattr(stack_defaults, "STACK_FILE", Path("/nonexistent/stack.json"))  # no make-run stack
     assert client_main(["tenant-token", "acme"], out, err) == 2 and SECRET_ENV in err.getvalue()
     monkeypatch.setenv(SECRET_ENV, SECRET.decode())
     assert client_main(["tenant-token", "acme"], out, err) == 0

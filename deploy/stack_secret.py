@@ -1,0 +1,54 @@
+"""A tenant secret for a stack started without one, so that its named tenants work for those who can read it.
+
+A server with no `LLM_TENANT_SECRET` serves tenant `default` only (scheduler/tenant_auth.py): the key
+salt is the server's to set, and with nothing to check a claim against, naming a tenant cannot be
+enough. A stack started without a secret (nor `LLM_TENANT_TRUST_CLIENT=true`) gets one of its own:
+- the launching process's environment, unless it has one, so the clients it runs (tests, benchmarks)
+  sign their tenants;
+- `<run_dir>/tenant_secret` (mode 0600), named in stack.json, which the client tools read for a stack
+  they target (client/stack_defaults.py).
+Replicas that must accept one another's tokens need the operator's secret: one made here is its
+stack's alone.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from scheduler.tenant_auth import SECRET_ENV, TenantAuth
+
+TENANT_SECRET_FILE = "tenant_secret"
+
+
+def provide_tenant_secret(
+    run_dir: Path, env: MutableMapping[str, str], environ: MutableMapping[str, str] = os.environ
+) -> Path | None:
+    """Give the server environment `env` a secret of its own unless it authenticates tenants or trusts
+    them already; returns the file that holds it (None: none made). ValueError: tenant settings that
+    make no sense (as the servers would refuse them)."""
+    auth = TenantAuth.from_env(env)
+    if auth.enabled or auth.trust_client:
+        return None
+    secret = secrets.token_hex(32)
+    path = Path(run_dir) / TENANT_SECRET_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    os.chmod(path, 0o600)  # a file left by an earlier stack keeps its mode under O_CREAT
+    env[SECRET_ENV] = secret
+    if not environ.get(SECRET_ENV):  # a process secret the stack was told to go without stays this one's
+        environ[SECRET_ENV] = secret
+    return path
+
+
+def read_tenant_secret(path: Path | str | None) -> str | None:
+    """The secret a stack's file holds; None when there is none to read."""
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
