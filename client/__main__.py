@@ -124,9 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--tokenizer", type=Path, help="the served model's tokenizer.json, for exact lengths")
     job.add_argument("--no-progress", action="store_true", default=None, help="no progress bar")
     job.add_argument(
-        "--fill-response-cache", action="store_true", default=None,
-        help="greedy requests, whose answers the exact response cache keeps (a repeat run is then answered "
-        "from it and prefills nothing); default: unseeded sampling, always prefilled",
+        "--fill-response-cache", action=argparse.BooleanOptionalAction, default=None,
+        help="greedy requests with cache=refresh: the response caches keep each answer, and a repeat run "
+        "still prefills (default: on; entries serve greedy clients asking --max-tokens tokens); "
+        "--no-fill-response-cache: unseeded sampling, nothing kept there",
     )  # fmt: skip
     primer = commands.add_parser(
         "prime",
@@ -343,10 +344,12 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     if args.max_items is not None:
         cap = None if args.max_items == "none" else int(args.max_items)
         selection = dataclasses.replace(selection, max_items=cap)
-    sending = {"concurrency": args.concurrency, "max_tokens": args.max_tokens}
+    sending = {
+        "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+        "fill_response_cache": args.fill_response_cache,
+    }  # fmt: skip
     send = SendConfig(
         url=args.url, model=args.model or "llm", timeout_s=args.timeout, progress=not args.no_progress,
-        fill_response_cache=bool(args.fill_response_cache),
         **{key: value for key, value in sending.items() if value is not None},
     )  # fmt: skip
     return JobOptions(

@@ -88,7 +88,7 @@ def input_arrays(
     token = token_from_env(tenant) if tenant_token is None else tenant_token  # "": send none
     if token:
         arrays["tenant_token"] = np.array([token.encode("utf-8")], dtype=np.object_)
-    if cache is not None:  # "use" (default), "kv-only" (no response cache) or "bypass" (no cache at all)
+    if cache is not None:  # "use" (default), "kv-only" (no response cache), "refresh" or "bypass"
         arrays["cache"] = np.array([cache.encode("utf-8")], dtype=np.object_)
     return arrays
 

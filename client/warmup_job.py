@@ -482,11 +482,11 @@ class SendConfig:
     max_tokens: int = 4
     timeout_s: float = 600.0
     progress: bool = True
-    # False: unseeded sampling, which the exact response cache neither answers nor stores, so every
-    # request reaches the model and fills L1/L3 even when the same job already ran against Redis.
-    # True: greedy, cacheable answers; a repeat (or a new replica sharing Redis) is then answered from
-    # the response cache and prefills nothing.
-    fill_response_cache: bool = False
+    # True: greedy requests with cache=refresh, which never read the response caches (a read would answer
+    # a repeat run, or a new replica sharing Redis, from Redis, and nothing would be prefilled) but keep
+    # every answer there. The exact key holds every sampling parameter: the entries serve clients that
+    # ask for `max_tokens` tokens greedily. False: unseeded sampling, which no response cache keeps.
+    fill_response_cache: bool = True
 
     def __post_init__(self) -> None:
         """Checked when the options are read, so a dry run (how an operator checks a CronJob's arguments)
@@ -500,6 +500,11 @@ class SendConfig:
 
     def sampling(self) -> dict[str, object]:
         return {"max_tokens": self.max_tokens, "temperature": 0.0 if self.fill_response_cache else 1.0}
+
+    @property
+    def cache_mode(self) -> str | None:
+        """The requests' `cache`: see `fill_response_cache` (None: the server's default, `use`)."""
+        return "refresh" if self.fill_response_cache else None
 
 
 @dataclass(frozen=True)
@@ -535,7 +540,7 @@ def send_warmup_set(items: Sequence[WarmupItem], config: SendConfig, err: TextIO
                 unsent = list(items[index:])
                 break
             rid = session.submit(item.prompt, sampling=sampling, tier=WARMUP_TIER, tenant=item.tenant,
-                                 exclude_input_in_output=True)  # fmt: skip
+                                 cache=config.cache_mode, exclude_input_in_output=True)  # fmt: skip
             by_id[rid] = item
             in_flight.append(rid)
         while in_flight:

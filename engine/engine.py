@@ -173,7 +173,7 @@ class Engine:
         self._bound_precedence(request, tier)
         if self.recorder is not None and request.params.tier != WARMUP_TIER:  # user traffic only
             self.recorder.observe_request(length, self._reserved_len(request))
-        if self.responses is not None and request.params.uses_response_cache:
+        if self.responses is not None and request.params.reads_response_cache:
             # a prompt its slot would cut short (prompt + max_tokens past max_len) gets fewer tokens than a
             # paraphrase's stored answer may hold: only its own exact answer is its text
             paraphrasable = length + request.params.max_tokens <= self.runner.max_len
@@ -729,7 +729,7 @@ class Engine:
     def _emit(self, state: _Active, final: bool) -> None:
         params = state.request.params
         ready, trim = state.stop.releasable(finished=final)
-        keep = final and state.done in ("stop", "length") and params.uses_response_cache
+        keep = final and state.done in ("stop", "length") and params.writes_response_cache
         if keep and self.responses is not None:
             request = state.request
             # an answer its slot cut short ("length" before max_tokens: prompt + max_tokens > max_len) is

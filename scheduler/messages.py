@@ -11,9 +11,11 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 # Which caches a request may read and write. "use": all of them; "kv-only": the KV prefix tiers
-# (L1/L2/L3) but no response cache, so the answer is always generated afresh; "bypass": none (prompts
-# that must not persist; the baseline when measuring what the caches cost).
-CACHE_MODES: tuple[str, ...] = ("use", "bypass", "kv-only")
+# (L1/L2/L3) but no response cache, so the answer is always generated afresh; "refresh": the KV tiers,
+# and the response caches written but not read, so the answer is generated afresh and kept (the warmup
+# job fills the response caches this way and still prefills: a read would answer it from Redis);
+# "bypass": none (prompts that must not persist; the baseline when measuring what the caches cost).
+CACHE_MODES: tuple[str, ...] = ("use", "bypass", "kv-only", "refresh")
 # Below this a temperature is greedy (as in vLLM): logits divided by 1e-300 overflow float32 to inf, the
 # softmax is NaN and torch.multinomial raises, inside a step that decodes every running request
 MIN_TEMPERATURE = 1e-5
@@ -57,9 +59,14 @@ class EngineRequestParams:
         return self.cache != "bypass"
 
     @property
-    def uses_response_cache(self) -> bool:
-        """Read and write the exact and semantic response caches."""
+    def reads_response_cache(self) -> bool:
+        """Look the answer up in the exact and semantic response caches."""
         return self.cache == "use"
+
+    @property
+    def writes_response_cache(self) -> bool:
+        """Keep the answer in the response caches (when its sampling is cacheable)."""
+        return self.cache in ("use", "refresh")
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode("utf-8")

@@ -80,7 +80,7 @@ class SchedulerStep:
         )
         if token:
             params = replace(params, tenant_token=token)
-        if self.exact_fingerprint and params.uses_response_cache and is_deterministic(params):
+        if self.exact_fingerprint and params.reads_response_cache and is_deterministic(params):
             params = replace(params, response_key=exact_key(self.exact_fingerprint, ids, params))
         priority, deadline_ns = assign(tier_of_request, now_ns)
         return PreparedRequest(ids, params, priority, deadline_ns)

@@ -188,7 +188,8 @@ def validate_tenant(tenant: str | bytes | None) -> str:
 def validate_cache_mode(cache: str | bytes | None) -> str:
     """One of CACHE_MODES; None or empty is "use". "bypass" keeps a prompt out of every cache (it must
     not persist in Redis); "kv-only" still reuses KV prefixes but always generates a fresh answer; both
-    give the benchmark its baselines for what the caches cost on one server."""
+    give the benchmark its baselines for what the caches cost on one server. "refresh" generates afresh
+    too and keeps the answer (the warmup job's fill of the response caches)."""
     mode = _decode_utf8(cache, "cache") if isinstance(cache, bytes) else cache
     if mode is None or mode == "":
         return "use"

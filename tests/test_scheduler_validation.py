@@ -235,14 +235,15 @@ def test_absent_tenant_is_default() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cache", "mode", "kv_tiers", "responses"),
-    [(None, "use", True, True), ("", "use", True, True), ("use", "use", True, True),
-     (b"bypass", "bypass", False, False), ("kv-only", "kv-only", True, False),
-     (b"kv-only", "kv-only", True, False)],
+    ("cache", "mode", "kv_tiers", "reads", "writes"),
+    [(None, "use", True, True, True), ("", "use", True, True, True), ("use", "use", True, True, True),
+     (b"bypass", "bypass", False, False, False), ("kv-only", "kv-only", True, False, False),
+     (b"kv-only", "kv-only", True, False, False), ("refresh", "refresh", True, False, True)],
 )  # fmt: skip
-def test_cache_modes(cache: str | bytes | None, mode: str, kv_tiers: bool, responses: bool) -> None:
+def test_cache_modes(cache: str | bytes | None, mode: str, kv_tiers: bool, reads: bool, writes: bool) -> None:
     params = build(cache=cache)
-    assert (params.cache, params.uses_kv_tiers, params.uses_response_cache) == (mode, kv_tiers, responses)
+    assert (params.cache, params.uses_kv_tiers) == (mode, kv_tiers)
+    assert (params.reads_response_cache, params.writes_response_cache) == (reads, writes)
     assert EngineRequestParams.from_bytes(params.to_bytes()) == params
 
 
@@ -251,7 +252,7 @@ def test_unknown_cache_mode(cache: str) -> None:
     with pytest.raises(RequestError) as info:
         build(cache=cache)
     assert info.value.code == "INVALID_ARG"
-    assert str(info.value) == f"invalid cache {cache!r}; allowed: use, bypass, kv-only (default use)"
+    assert str(info.value) == f"invalid cache {cache!r}; allowed: use, bypass, kv-only, refresh (default use)"
 
 
 def test_engine_message_with_an_unknown_cache_mode_is_refused() -> None:

@@ -16,7 +16,9 @@ import pytest
 
 from client import warmup_job as wj
 from client.__main__ import main
+from client.generate import generate
 from client.metrics import metric_total, scrape_metrics
+from tests.conftest import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO_ROOT / "models" / "tiny-llama" / "tokenizer.json"
@@ -311,25 +313,36 @@ def test_live_job_sends_at_warmup_tier(grpc_url: str, metrics_url: str) -> None:
     assert rows["all"][1:4] == [len(items), len(items), 0]
 
 
-def test_live_repeat_run_prefills_again_unless_filling_responses(grpc_url: str, metrics_url: str) -> None:
-    """By default warmup requests are unseeded samples, which the exact response cache neither answers nor
-    stores, so a second run still reaches the model; with fill_response_cache the repeat is a cache hit."""
+def test_live_repeat_runs_prefill_again_and_fill_the_response_cache(grpc_url: str, metrics_url: str) -> None:
+    """Warmup requests never read the response caches, so a repeat run (or a new replica sharing Redis)
+    still prefills; by default (fill_response_cache, greedy with cache=refresh) they keep their answers
+    there, which a greedy client asking as many tokens is then served from. The spec has the job fill the
+    response caches; before `refresh` it could fill them only by being answered from them on a repeat.
+    Unseeded warmup (--no-fill-response-cache) keeps nothing there."""
 
-    def finished(status: str) -> float:
-        metrics = scrape_metrics(metrics_url)
-        return metric_total(metrics, "llm_engine_requests_finished_total", tier="warmup", status=status)
+    def total(name: str, **labels: str) -> float:
+        return metric_total(scrape_metrics(metrics_url), name, **labels)
+
+    def cached(tier: str) -> float:
+        return total("llm_engine_requests_finished_total", tier=tier, status="cached")
 
     nonce = str(time.time_ns())
-    items = [wj.WarmupItem(f"Where is my order {nonce}-{i}?", "acme", wj.REASON_TOP, 1, 0) for i in range(3)]
-    cached_before = finished("cached")
-    for fill in (False, False, True, True):
+    filled = [wj.WarmupItem(f"Where is my order {nonce}-{i}?", "acme", wj.REASON_TOP, 1, 0) for i in range(3)]
+    sampled = [wj.WarmupItem(f"Where is parcel {nonce}-{i}?", "acme", wj.REASON_TOP, 1, 0) for i in range(3)]
+    warm_cached, stores = cached("warmup"), total("llm_engine_cache_total", tier="exact", counter="stores")
+    for items, fill in ((sampled, False), (sampled, False), (filled, True), (filled, True)):
         config = wj.SendConfig(url=grpc_url, progress=False, fill_response_cache=fill)
         assert all(o.ok for o in wj.send_warmup_set(items, config, io.StringIO()))
-        time.sleep(0.5)  # the cache write is asynchronous
-    deadline = time.monotonic() + 10
-    while finished("cached") - cached_before < len(items) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert finished("cached") - cached_before == len(items)  # only the second greedy run was answered from it
+    assert cached("warmup") == warm_cached  # no warmup request was answered from a cache
+    assert wait_for(  # both filled runs wrote every answer (the writes are asynchronous)
+        lambda: total("llm_engine_cache_total", tier="exact", counter="stores") - stores >= 2 * len(filled)
+    )
+    greedy = {"max_tokens": wj.SendConfig(url="").max_tokens, "temperature": 0.0}
+    served = cached("standard")
+    generate(grpc_url, filled[0].prompt, sampling=greedy, tenant="acme")
+    assert cached("standard") == served + 1  # answered from what the warmup kept
+    generate(grpc_url, sampled[0].prompt, sampling=greedy, tenant="acme")  # unseeded warmup kept nothing
+    assert cached("standard") == served + 1
 
 
 def test_live_job_reports_the_cache_tiers_it_filled(tmp_path: Path, grpc_url: str, metrics_url: str) -> None:
