@@ -100,13 +100,19 @@ def test_corrupted_snapshots_are_recomputed_not_used(model, redis_server, reques
     assert second.prefix_cache.l3.store.stats.checksum_failures >= 1
 
 
-def test_the_cost_model_recomputes_when_that_is_faster(model, redis_server, request):  # noqa: F811
+def after_a_first_replica(model, redis_server, request, cost: LoadCostModel) -> tuple[list[int], Engine]:  # noqa: F811
+    """A first replica serves PROMPT + [9] and publishes its blocks; returns its answer and a second
+    replica on the same Redis, deciding with `cost`."""
     namespace = f"kv-test:{request.node.name}"
     first = replica(model, redis_server, namespace)
     expected = serve(first, PROMPT + [9])
     first.prefix_cache.l3.close()
+    return expected, replica(model, redis_server, namespace, cost=cost)
+
+
+def test_the_cost_model_recomputes_when_that_is_faster(model, redis_server, request):  # noqa: F811
     slow_redis = LoadCostModel(prior_load_bytes_per_s=1.0, prior_prefill_tokens_per_s=1e9)
-    second = replica(model, redis_server, namespace, cost=slow_redis)
+    expected, second = after_a_first_replica(model, redis_server, request, slow_redis)
     assert serve(second, PROMPT + [9]) == expected
     assert second.stats.prefix_reused_tokens == 0 and slow_redis.decisions["recompute"] >= 1
 
@@ -115,12 +121,8 @@ def test_a_slow_l3_load_is_not_booked_as_prefill_time(model, redis_server, reque
     """The prefill rate prices every load-or-recompute decision. Timed from before the lookup, a request
     that loaded 48 tokens from a slow Redis and computed 2 was booked as "2 tokens in 0.3 s": recomputing
     then looked ruinous, and the slow Redis kept being chosen (found by a spec review)."""
-    namespace = f"kv-test:{request.node.name}"
-    first = replica(model, redis_server, namespace)
-    expected = serve(first, PROMPT + [9])
-    first.prefix_cache.l3.close()
     cost = LoadCostModel(prior_load_bytes_per_s=1e12, prior_prefill_tokens_per_s=5000.0)
-    second = replica(model, redis_server, namespace, cost=cost)
+    expected, second = after_a_first_replica(model, redis_server, request, cost)
     store = second.prefix_cache.l3.store
     real_get, real_observe = store.get_chain, cost.observe_prefill
     store.get_chain = lambda keys, meta: time.sleep(0.3) or real_get(keys, meta)
