@@ -189,11 +189,12 @@ class HostBlockPool:
         slots = self.take_run([key])
         return self.pool[slots[0]] if slots else None
 
-    def take_run(self, keys: list[bytes]) -> list[int]:
+    def take_run(self, keys: list[bytes], count_hits: bool = True) -> list[int]:
         """The slots of the leading keys held here, each counted as a use, the last key's first: the head
         ends the most recent, as in L1. The caller copies the run out of `pool` itself (on CUDA, one copy
         per run of consecutive slots): a tensor view per block and a copy per block cost ~30 us a block on
-        the H200 host, ~3.5 ms for a 2048-token prefix."""
+        the H200 host, ~3.5 ms for a 2048-token prefix. `count_hits` False: the caller counts the blocks
+        it served (`hits`), which may be fewer than it was given."""
         slots = []
         for key in keys:
             index = self.index.get(key)
@@ -203,7 +204,7 @@ class HostBlockPool:
         for key in reversed(keys[: len(slots)]):  # the head used last: a chain ages tail first
             self._touch(key)
         if slots:
-            self.hits += len(slots)
+            self.hits += len(slots) if count_hits else 0
             self.settle()
         return slots
 

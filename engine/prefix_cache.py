@@ -200,11 +200,8 @@ class PrefixCache:
             if self.l2 is not None:
                 started = self.clock()
                 rest = keys[len(found) :]
-                promoted = self._guarded(
-                    "l2 lookup", lambda: self._promote_from_l2(rest, self.l2.take_run(rest))
-                )
+                promoted = self._guarded("l2 lookup", lambda: self._from_l2(rest))
                 self._pending.append(("l2", len(promoted), self.clock() - started))
-                self.l2_miss_blocks += len(rest) - len(promoted)
                 found += promoted
             if self.l3 is not None and len(found) < len(keys) and keys[len(found)] not in asked:
                 started = self.clock()
@@ -363,6 +360,16 @@ class PrefixCache:
                 self.index.move_to_end(key)
         self._adopted = (set(promoted), waited_s + self.clock() - started, set(keys))
         return len(promoted)
+
+    def _from_l2(self, rest: list[bytes]) -> list[bytes]:
+        """The leading blocks of `rest` L2 holds, brought into L1. L2's hits are the blocks it served (L1
+        may take fewer than it holds), its misses the blocks it did not hold: a block held but not taken
+        is neither."""
+        slots = self.l2.take_run(rest, count_hits=False)
+        self.l2_miss_blocks += len(rest) - len(slots)
+        promoted = self._promote_from_l2(rest, slots)
+        self.l2.hits += len(promoted)
+        return promoted
 
     def _promote_from_l2(self, keys: list[bytes], slots: list[int]) -> list[bytes]:
         """Bring the L2 blocks in `slots` (of the leading `keys`) into the pool; returns the keys now in L1.

@@ -225,9 +225,9 @@ class TimedHostPool(HostBlockPool):
         super().__init__(*args, **kwargs)
         self.clock, self.get_s = clock, get_s
 
-    def take_run(self, keys: list[bytes]) -> list[int]:
+    def take_run(self, keys: list[bytes], count_hits: bool = True) -> list[int]:
         """Fetching each block takes `get_s`."""
-        slots = super().take_run(keys)
+        slots = super().take_run(keys, count_hits)
         self.clock.now += self.get_s * len(slots)
         return slots
 
@@ -466,3 +466,20 @@ def test_l1_and_l2_count_the_blocks_they_missed_and_the_bytes_they_served():
     block_bytes = cache.pool[0].numel() * cache.pool.element_size()
     assert counters[("l1", "miss_blocks")] == 4 and counters[("l2", "miss_blocks")] == 1
     assert counters[("l1", "bytes_loaded")] == 3 * block_bytes == counters[("l2", "bytes_loaded")]
+
+
+def test_l2_counts_what_it_served_and_what_it_lacked_not_what_l1_could_not_take():
+    """L2 held a 4-block chain, but L1 (2 of its 4 rows pinned) took 2: L2 counted 4 hits, 2 misses and
+    4 blocks' bytes. A hit is a block served, a miss one L2 did not hold (found by a review)."""
+    clock = FakeClock()
+    cache = PrefixCache(TimedRunner(clock, copy_s=0.0), 4, 4, "fp", clock=clock)
+    cache.l2 = HostBlockPool(16, tuple(cache.pool.shape[1:]), torch.float32, pin=False)
+    chain = list(range(1, 18))  # 4 full blocks
+    assert cache.store(0, chain, "t") == 4
+    assert cache.store(0, list(range(500, 509)), "t", pin=True) == 2  # pinned: half of L1
+    cache.store(0, list(range(900, 909)), "t")  # the rest of `chain` goes to L2 too
+    assert all(key in cache.l2 for key in cache.chain_keys(chain, "t"))
+    assert len(cache.lookup(chain, "t")) == 2  # room for 2
+    assert (cache.l2.hits, cache.l2_miss_blocks) == (2, 0)
+    block_bytes = cache.pool[0].numel() * cache.pool.element_size()
+    assert cache_counters(cache, None)[("l2", "bytes_loaded")] == 2 * block_bytes
