@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from bench.common import (
+    start_stack,
     REPO_ROOT,
     EngineTtft,
     PromptFactory,
@@ -41,7 +42,7 @@ from bench.common import (
     progress,
     write_results,
 )
-from deploy.launch import StackOptions, start_stack
+from deploy.launch import StackOptions
 
 TARGET_RATIO = 1.1  # issue 3: first request at most 1.1x steady at every length
 

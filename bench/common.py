@@ -15,6 +15,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from client.generate import GenerationResult, StreamingSession
+from deploy import launch
+from deploy.stack_secret import share_tenant_secret
 from client.metrics import metric_total, scrape_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -265,3 +267,10 @@ def plot_ttft_by_index(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def start_stack(options: launch.StackOptions) -> launch.Stack:
+    """`deploy.launch.start_stack`, once this process has a tenant secret its stacks inherit: the
+    benchmarks' clients name tenants, and a stack that made a secret of its own would refuse them."""
+    share_tenant_secret()
+    return launch.start_stack(options)

@@ -39,6 +39,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.common import (
+    start_stack,
     REPO_ROOT,
     PromptFactory,
     TtftProbe,
@@ -51,7 +52,7 @@ from bench.common import (
     write_results,
 )
 from client.metrics import metric_total, scrape_metrics
-from deploy.launch import StackOptions, start_stack
+from deploy.launch import StackOptions
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -20,6 +20,7 @@ import numpy as np
 import yaml
 
 from bench.common import (
+    start_stack,
     REPO_ROOT,
     PromptFactory,
     TtftProbe,
@@ -31,7 +32,7 @@ from bench.common import (
     progress,
     write_results,
 )
-from deploy.launch import StackOptions, find_free_port, start_redis_server, start_stack
+from deploy.launch import StackOptions, find_free_port, start_redis_server
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

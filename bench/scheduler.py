@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import (
+    start_stack,
     REPO_ROOT,
     add_engine_args,
     engine_env,
@@ -68,7 +69,7 @@ from client.arrivals import paced_arrival_times
 from client.load import RequestRecord, run_load, summarize
 from client.metrics import histogram_delta, histogram_quantile, metric_total, scrape_metrics
 from client.workload import CorpusPrompts, LengthDistribution, TenantSkew, TierMix, Workload
-from deploy.launch import StackOptions, start_stack
+from deploy.launch import StackOptions
 
 # TTFT targets (ms) per device: the CPU ones suit the tiny model, the GPU ones are tiers.yaml's.
 DEFAULT_TARGETS_MS = {

@@ -17,6 +17,7 @@ import time
 import urllib.request
 
 from bench.common import (
+    start_stack,
     REPO_ROOT,
     EngineTtft,
     PromptFactory,
@@ -27,7 +28,7 @@ from bench.common import (
     print_table,
     progress,
 )
-from deploy.launch import StackOptions, start_stack
+from deploy.launch import StackOptions
 
 STEPS = ("slo_scheduler", "llm_engine", "detokenizer")
 

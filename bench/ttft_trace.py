@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import (
+    start_stack,
     REPO_ROOT,
     PromptFactory,
     TtftProbe,
@@ -35,7 +36,7 @@ from bench.common import (
     progress,
     write_results,
 )
-from deploy.launch import StackOptions, start_stack
+from deploy.launch import StackOptions
 
 HOPS = (
     "to scheduler",

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import (
+    start_stack,
     PROBE_MAX_TOKENS,
     REPO_ROOT,
     PromptFactory,
@@ -41,7 +42,7 @@ from bench.common import (
 )
 from cache.traffic_stats import RESERVED, TrafficStatsStore, model_fingerprint
 from client.metrics import metric_total, scrape_metrics
-from deploy.launch import StackOptions, find_free_port, start_redis_server, start_stack
+from deploy.launch import StackOptions, find_free_port, start_redis_server
 from deploy.logs import warmup_report
 
 CONFIGS = ("cold", "v1", "planned")

@@ -40,9 +40,9 @@ from client.stack_defaults import (
     FALLBACK_GRPC_URL,
     FALLBACK_METRICS_URL,
     URL_HELP,
-    adopt_stack_secret,
     default_grpc_url,
     default_metrics_url,
+    signing_for,
 )
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
 
@@ -424,9 +424,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     parser = build_parser()
     args = parser.parse_args(argv)
     resolve_default_urls(args)
-    adopt_stack_secret(getattr(args, "url", None) or default_grpc_url())
     out = out or sys.stdout
     err = err or sys.stderr
+    if args.command in ("tenant-token", "forget-tenant"):  # no stack's: the operator's secret, or none
+        return run_command(parser, args, out, err)
+    with signing_for(getattr(args, "url", None) or default_grpc_url()):
+        return run_command(parser, args, out, err)
+
+
+def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "generate":
         return run_generate(args, out, err)
     if args.command == "prime":

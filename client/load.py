@@ -30,7 +30,7 @@ import numpy as np
 
 from client.arrivals import ARRIVAL_KINDS, arrival_times, gap_cv
 from client.generate import GenerationResult, StreamingSession
-from client.stack_defaults import FALLBACK_GRPC_URL, URL_HELP, adopt_stack_secret, default_grpc_url
+from client.stack_defaults import FALLBACK_GRPC_URL, URL_HELP, default_grpc_url, signing_for
 from scheduler.tenant_auth import ttl_argument
 from client.workload import (
     DEFAULT_MIX,
@@ -404,7 +404,21 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     except (ValueError, OSError, KeyError) as exc:
         err.write(f"error: {exc}\n")
         return 2
-    adopt_stack_secret(args.url or default_grpc_url())  # before any token is made
+    url = args.url or default_grpc_url()
+    with signing_for(url):  # a make-run stack's own secret, when this process has none
+        return send_plan(args, url, planned, times, targets, out, err)
+
+
+def send_plan(
+    args: argparse.Namespace,
+    url: str,
+    planned: list[PlannedRequest],
+    times: np.ndarray,
+    targets: Mapping[str, float],
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """The exports and the run of a planned load (`main` after planning)."""
     span = float(times[-1]) if times.size else 0.0
     out.write(
         f"plan: {len(planned)} requests over {span:.1f} s ({args.arrivals}, rate {args.rate:g}/s, "
@@ -428,7 +442,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         err.flush()
 
     records = run_load(
-        args.url or default_grpc_url(), planned, concurrency_limit=args.concurrency_limit,
+        url, planned, concurrency_limit=args.concurrency_limit,
         on_progress=progress, progress_every_s=1.0 if tty else 5.0, timeout_s=args.timeout, model=args.model,
     )  # fmt: skip
     if tty:

@@ -6,14 +6,16 @@ addresses are the defaults; otherwise (no such file, an unreadable one, a stack 
 crashed) Triton's standard ports on localhost: ``localhost:8001`` and ``http://localhost:8002/metrics``.
 
 A stack started without ``LLM_TENANT_SECRET`` signs tenants with a secret of its own
-(deploy/stack_secret.py); a command sent to it by a process with no secret signs with that one.
+(deploy/stack_secret.py); a command sent to it by a process with no secret signs with that one, for
+that command only (``signing_for``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from deploy.stack_secret import read_tenant_secret
@@ -76,21 +78,32 @@ def default_metrics_url(path: Path | str | None = None) -> str:
     return _from_stack("metrics_url", FALLBACK_METRICS_URL, path)
 
 
-def adopt_stack_secret(
-    url: str, environ: MutableMapping[str, str] = os.environ, path: Path | str | None = None
-) -> bool:
-    """Sign this process's tenants with the secret of the running stack at `url` (its gRPC address) that
-    made its own, unless the process has LLM_TENANT_SECRET; True when adopted."""
-    if environ.get(SECRET_ENV):
-        return False
+def stack_secret(url: str, path: Path | str | None = None) -> str | None:
+    """The secret the running stack at `url` (its gRPC address) made for itself; None: no such stack,
+    or it serves with the operator's."""
     stack = running_stack(path)
     if not stack or not _same_local_address(url, stack.get("grpc_url")):
-        return False
-    secret = read_tenant_secret(stack.get("tenant_secret_file"))
+        return None
+    return read_tenant_secret(stack.get("tenant_secret_file"))
+
+
+@contextmanager
+def signing_for(
+    url: str, environ: MutableMapping[str, str] = os.environ, path: Path | str | None = None
+) -> Iterator[bool]:
+    """While a command runs, sign its tenants with the secret of the stack at `url` it is sent to, unless
+    the process has LLM_TENANT_SECRET; yields whether it does. Read afresh for each command (a restarted
+    stack has a new secret), and taken out of the environment after it: in-process callers keep theirs."""
+    secret = None if environ.get(SECRET_ENV) else stack_secret(url, path)
     if secret is None:
-        return False
+        yield False
+        return
     environ[SECRET_ENV] = secret
-    return True
+    try:
+        yield True
+    finally:
+        if environ.get(SECRET_ENV) == secret:
+            del environ[SECRET_ENV]
 
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")

@@ -320,6 +320,7 @@ class Stack:
     create_times: dict[str, float] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict, repr=False)  # what the server got beyond ours
     tenant_secret_file: Path | None = None  # the stack's own tenant secret (deploy/stack_secret.py)
+    tenant_secret: str | None = field(default=None, repr=False, compare=False)  # what the server got
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -703,6 +704,7 @@ def start_stack(opts: StackOptions) -> Stack:
     redis_log = None
     redis_port = None
     procs: dict[str, subprocess.Popen] = {}
+    secret_file: Path | None = None
     try:
         if opts.start_redis:
             redis_port = opts.redis_port or ports[3]
@@ -744,7 +746,7 @@ def start_stack(opts: StackOptions) -> Stack:
         env["LLM_DRAIN_FILE"] = str(run_dir / DRAIN_FILE)  # per stack: a stop drains this one only
         (run_dir / DRAIN_FILE).unlink(missing_ok=True)  # a stale marker would refuse every request
         env.update(opts.extra_env)
-        secret_file = provide_tenant_secret(run_dir, env)
+        secret_file = provide_tenant_secret(run_dir, env)  # removed again if the start fails
         if secret_file is not None:
             log(
                 f"tenants: no {SECRET_ENV}, so this stack signs with a secret of its own ({secret_file}; the "
@@ -804,6 +806,7 @@ def start_stack(opts: StackOptions) -> Stack:
             {n: t for n, p in pids.items() if (t := _create_time(p)) is not None},
             extra_env=dict(opts.extra_env),
             tenant_secret_file=secret_file,
+            tenant_secret=env.get(SECRET_ENV) or None,
             _procs=procs,
         )
         # recorded at once, so `deploy.stop` can clean up even while models are still loading
@@ -816,6 +819,8 @@ def start_stack(opts: StackOptions) -> Stack:
             if name in procs:
                 _terminate(procs[name].pid, None, procs[name], 10.0, name)
         (run_dir / STACK_FILE).unlink(missing_ok=True)
+        if secret_file is not None:
+            secret_file.unlink(missing_ok=True)
         raise
     log(
         f"ready in {time.monotonic() - t0:.1f} s: grpc {stack.grpc_url}, http {stack.http_url}, "
@@ -833,7 +838,7 @@ def _prime(stack: Stack) -> None:
     except ImportError as exc:
         log(f"warning: not priming {PRIME_MODEL}: {exc}")
         return
-    token = token_from_env(PRIME_TENANT, {**os.environ, **stack.extra_env})  # the server's secret, if any
+    token = token_from_env(PRIME_TENANT, {SECRET_ENV: stack.tenant_secret or ""})  # the server's, if any
     result = prime(PrimeConfig(url=stack.grpc_url, model=PRIME_MODEL, tenant_token=token))
     if result.ok:
         log(f"primed {PRIME_MODEL}: {result.requests} requests in {result.seconds * 1000:.0f} ms")

@@ -148,11 +148,17 @@ def test_a_command_to_a_stack_with_its_own_tenant_secret_signs_with_it(tmp_path:
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "tenant_secret_file": str(secret_file)}))
     environ: dict[str, str] = {}
-    assert not stack_defaults.adopt_stack_secret("localhost:9999", environ, path) and not environ
-    assert stack_defaults.adopt_stack_secret("127.0.0.1:41234", environ, path)
-    assert environ == {"LLM_TENANT_SECRET": "s3cret"}
+    with stack_defaults.signing_for("localhost:9999", environ, path) as signing:
+        assert not signing and not environ  # another server's address
+    with stack_defaults.signing_for("127.0.0.1:41234", environ, path) as signing:
+        assert signing and environ == {"LLM_TENANT_SECRET": "s3cret"}
+    assert environ == {}  # for that command only: an in-process caller keeps its environment
+    secret_file.write_text("restarted\n")  # a restarted stack's new secret is read afresh
+    with stack_defaults.signing_for("localhost:41234", environ, path):
+        assert environ == {"LLM_TENANT_SECRET": "restarted"}
     mine = {"LLM_TENANT_SECRET": "the operator's"}
-    assert not stack_defaults.adopt_stack_secret("localhost:41234", mine, path)  # its own wins
-    assert mine == {"LLM_TENANT_SECRET": "the operator's"}
+    with stack_defaults.signing_for("localhost:41234", mine, path) as signing:
+        assert not signing and mine == {"LLM_TENANT_SECRET": "the operator's"}  # its own wins
     secret_file.unlink()
-    assert not stack_defaults.adopt_stack_secret("localhost:41234", {}, path)
+    with stack_defaults.signing_for("localhost:41234", environ, path) as signing:
+        assert not signing

@@ -10,11 +10,13 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
 from cache.response_cache import ExactResponseCache
 from client import stack_defaults
+from tests.test_stack_defaults import write_stack
 from client.__main__ import main as client_main
 from client.generate import input_arrays
 from scheduler.errors import RequestError
@@ -297,10 +299,17 @@ def test_operator_tools_send_the_token_of_the_tenant_they_name(monkeypatch):
     assert token_from_env("acme", {}) is None
 
 
-def test_the_tenant_token_command(monkeypatch):
+def test_the_tenant_token_command(monkeypatch, tmp_path):
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.delenv(SECRET_ENV, raising=False)
-    monkeypatch.setattr(stack_defaults, "STACK_FILE", Path("/nonexistent/stack.json"))  # no make-run stack
+    # a running make-run stack with a secret of its own: never the one an operator's token is signed with
+    me = psutil.Process()
+    stack = write_stack(tmp_path / "stack.json", me.pid, me.create_time())
+    (tmp_path / "tenant_secret").write_text("a dev stack's\n")
+    stack.write_text(
+        json.dumps({**json.loads(stack.read_text()), "tenant_secret_file": str(tmp_path / "tenant_secret")})
+    )
+    monkeypatch.setattr(stack_defaults, "STACK_FILE", stack)
     assert client_main(["tenant-token", "acme"], out, err) == 2 and SECRET_ENV in err.getvalue()
     monkeypatch.setenv(SECRET_ENV, SECRET.decode())
     assert client_main(["tenant-token", "acme"], out, err) == 0
