@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--cache", choices=CACHE_MODES,
         help="use (default): every cache; kv-only: reuse and keep KV prefixes but no response cache, so "
-             "the answer is always generated afresh; bypass: read and write no cache tier",
+             "the answer is always generated afresh; refresh: as kv-only, and the fresh answer is kept in "
+             "the response caches; bypass: read and write no cache tier",
     )  # fmt: skip
     gen.add_argument("--no-stream", dest="stream", action="store_false", help="one response, not pieces")
     gen.add_argument("--exclude-input", dest="exclude_input_in_output", action="store_true", default=None,
