@@ -177,6 +177,11 @@ class TenantAuth:
                     f"and serves tenant {DEFAULT_TENANT!r} only; leave the tenant out, or have the operator "
                     f"set {SECRET_ENV} (tenants then send tokens) or, in development, {TRUST_ENV}=true"
                 )
+            if tier is not None and tier.restricted and not self.trust_client:  # no token could allow it
+                raise RequestError.invalid(
+                    f"slo_tier {tier.name!r} is restricted to clients with a tenant_token, and this server "
+                    f"has no {SECRET_ENV} to check one against (in development: {TRUST_ENV}=true)"
+                )
             return ""
         if isinstance(token, bytes):
             token = token.decode("utf-8", errors="replace")

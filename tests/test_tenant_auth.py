@@ -229,8 +229,12 @@ def test_without_a_secret_a_server_serves_default_only_unless_told_to_trust_its_
     assert info.value.code == "INVALID_ARG" and SECRET_ENV in info.value.message
     assert TRUST_ENV in info.value.message
     assert auth.check("acme", None) == ""  # the steps' own requests (no tier) are never refused
+    critical = TierTable.defaults().get("critical")
+    with pytest.raises(RequestError, match="restricted"):  # no token could show the right to jump the queue
+        auth.check("default", None, critical)
     trusting = TenantAuth.from_env({TRUST_ENV: "true"})
     assert trusting.check("acme", None, tier) == "" and trusting.check("acme", "junk", tier) == ""
+    assert trusting.check("default", None, critical) == ""
 
 
 @pytest.mark.parametrize(
