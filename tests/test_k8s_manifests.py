@@ -162,7 +162,13 @@ def test_servers_and_the_warmup_job_read_one_tenant_secret(server) -> None:
 def test_every_llm_setting_the_servers_get_is_one_the_repository_reads() -> None:
     """A misspelt variable in compose or the k8s Deployment would be ignored without a word: each LLM_*
     they set must be read by a model's config.pbtxt (`${LLM_...}`) or by the tenant check."""
-    from scheduler.tenant_auth import ANONYMOUS_ENV, PREVIOUS_SECRET_ENV, REQUIRE_EXPIRY_ENV, SECRET_ENV
+    from scheduler.tenant_auth import (
+        ANONYMOUS_ENV,
+        PREVIOUS_SECRET_ENV,
+        REQUIRE_EXPIRY_ENV,
+        SECRET_ENV,
+        TRUST_ENV,
+    )
 
     configs = "".join(p.read_text() for p in (REPO_ROOT / "model_repository").glob("*/config.pbtxt"))
     read = set(re.findall(r"\$\{(LLM_[A-Z0-9_]+)", configs)) | {
@@ -170,6 +176,7 @@ def test_every_llm_setting_the_servers_get_is_one_the_repository_reads() -> None
         PREVIOUS_SECRET_ENV,
         REQUIRE_EXPIRY_ENV,
         ANONYMOUS_ENV,
+        TRUST_ENV,
     }
     docker = REPO_ROOT / "docker"
     compose = yaml.safe_load((docker / "compose.yaml").read_text())["services"]["triton"]["environment"]
@@ -182,3 +189,47 @@ def test_every_llm_setting_the_servers_get_is_one_the_repository_reads() -> None
         unread = {name for name in names if name.startswith("LLM_")} - read
         assert not unread, f"{where} sets {sorted(unread)}, which nothing reads"
     assert {"LLM_L3_TENANT_MAX_BLOCKS", "LLM_EXACT_TENANT_MAX_ENTRIES"} <= set(compose) & k8s
+
+
+def exported_metric_names() -> set[str]:
+    """Every llm_* metric family the Triton adapters create (they name them as string literals)."""
+    adapters = REPO_ROOT / "adapters"
+    return {
+        name for path in adapters.glob("*.py") for name in re.findall(r'"(llm_[a-z_]+)"', path.read_text())
+    }
+
+
+def cache_counter_names() -> set[str]:
+    """The `counter` label values of llm_engine_cache_total (engine/cache_stats.py and what it reads)."""
+    from dataclasses import fields
+
+    from cache.response_cache import ExactCacheStats, ExactResponseCache
+    from engine import cache_stats
+
+    literals = re.findall(r'"([a-z_]+)"', inspect.getsource(cache_stats))
+    refusals = re.findall(r'"([a-z_]+)"', inspect.getsource(ExactResponseCache.snapshot))
+    return {*literals, *refusals, *cache_stats.L3_COUNTERS, *(f.name for f in fields(ExactCacheStats))}
+
+
+def test_the_alerts_watch_series_the_engine_exports_at_the_tiers_targets():
+    """An alert on a misspelt series never fires, and reads as all clear: each metric and `counter` an
+    alert names must be one the engine exports, and each TTFT alert the target of scheduler/tiers.yaml."""
+    from scheduler.tiers import TierTable
+
+    rule = documents(DOCKER / "k8s" / "alerts.yaml")["PrometheusRule"]
+    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    exported, counters, tiers = exported_metric_names(), cache_counter_names(), TierTable.defaults()
+    ttft_alerts = 0
+    for alert in rules:
+        expr = alert["expr"]
+        names = re.findall(r"\b(llm_[a-z_]+)", expr)
+        assert names and all(name.removesuffix("_bucket") in exported for name in names), alert["alert"]
+        for value in re.findall(r'counter=~?"([^"]+)"', expr):
+            assert set(value.split("|")) <= counters, (alert["alert"], value)
+        quantile = re.search(r'histogram_quantile\(([\d.]+),.*tier="(\w+)".*\)\s*>\s*([\d.]+)', expr, re.S)
+        if quantile:
+            tier = tiers.get(quantile.group(2))
+            assert float(quantile.group(1)) == tier.percentile / 100, alert["alert"]
+            assert float(quantile.group(3)) == tier.ttft_target_ms / 1000, alert["alert"]
+            ttft_alerts += 1
+    assert ttft_alerts == 2 and "tier_errors" in counters and "no_such_counter" not in counters
