@@ -18,6 +18,7 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from deploy.processes import same_process
 from deploy.stack_secret import read_tenant_secret
 from scheduler.tenant_auth import SECRET_ENV
 
@@ -36,30 +37,7 @@ def running_stack(path: Path | str | None = None) -> dict | None:
         create_time = (data.get("create_times") or {}).get("tritonserver")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return data if _alive(pid, create_time) else None
-
-
-def _alive(pid: int, create_time: float | None) -> bool:
-    """pid runs and, when its start time was recorded, is that process and not a reused pid."""
-    if pid <= 0:
-        return False
-    try:
-        import psutil
-    except ImportError:
-        try:
-            os.kill(pid, 0)
-        except PermissionError:
-            return True
-        except OSError:
-            return False
-        return True
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return create_time is None or abs(process.create_time() - float(create_time)) < 1.0
-    except (psutil.Error, TypeError, ValueError):
-        return False
+    return data if same_process(pid, create_time) else None
 
 
 def _from_stack(key: str, fallback: str, path: Path | str | None) -> str:

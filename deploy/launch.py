@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cache.response_cache import redact_url
+from deploy.processes import same_process
 from deploy.stack_secret import provide_tenant_secret
 from scheduler.tenant_auth import SECRET_ENV
 from engine.cache_sizing import host_available_bytes
@@ -432,25 +433,6 @@ class Stack:
         self.stop()
 
 
-def _same_process(pid: int, create_time: float | None) -> bool:
-    """True if pid is alive and (when known) is the process we started, not a reused pid."""
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return create_time is None or abs(p.create_time() - create_time) < 1.0
-    except ImportError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-    except Exception:  # psutil.NoSuchProcess, AccessDenied
-        return False
-
-
 def _create_time(pid: int) -> float | None:
     try:
         import psutil
@@ -502,7 +484,7 @@ def _terminate(
     if proc is not None:
         if proc.poll() is not None:
             return
-    elif not _same_process(pid, create_time):
+    elif not same_process(pid, create_time):
         return
     log(f"stopping {name} (pid {pid})")
     try:
@@ -515,7 +497,7 @@ def _terminate(
         if proc is not None:
             if proc.poll() is not None:
                 return
-        elif not _same_process(pid, create_time):
+        elif not same_process(pid, create_time):
             return
         if unloaded is not None and unloaded(pid):
             unloaded_since = now if unloaded_since is None else unloaded_since
