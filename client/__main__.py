@@ -46,7 +46,6 @@ from client.stack_defaults import (
 )
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
 
-DEFAULT_METRICS_URL = FALLBACK_METRICS_URL  # when no --metrics-url is given and no stack of `make run` runs
 URL_OPTION_HELP = f"Triton gRPC address ({URL_HELP} {FALLBACK_GRPC_URL})"
 METRICS_OPTION_HELP = f"Triton's metrics ({URL_HELP} {FALLBACK_METRICS_URL})"
 JOB_ONLY = (

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -61,6 +62,14 @@ class _Active:
     @property
     def tier(self) -> str:
         return self.request.params.tier
+
+
+class Prefilled(NamedTuple):
+    logits: torch.Tensor
+    reused: int  # prompt tokens loaded from the cache tiers, not computed
+    # host clock when the compute began, its lookup and load done: the prefill rate, which prices an L3
+    # load against recomputing, must not count a load's wait as compute
+    compute_started: float
 
 
 @dataclass
@@ -112,9 +121,6 @@ class Engine:
         self._queue = self.policy_queue.queue
         self.admission = admission
         self.prefill_rate = Ewma()
-        # when the last `prefill` began computing (its lookup and load done): a prefill's rate, which
-        # prices loads against recomputing, must not count an L3 load's wait as compute
-        self._compute_started = 0.0
         self.decode_step_s = Ewma()
         self.output_tokens = Ewma()
         self.feedback: SloFeedbackLoop | None = None
@@ -636,8 +642,7 @@ class Engine:
         started = time.perf_counter()
         use_cache = params.uses_kv_tiers
         hint, request.prefix_hint = request.prefix_hint, None  # a resume has more tokens: hashed anew
-        logits, reused = self.prefill(slot, request.prompt_ids, params.tenant, use_cache=use_cache, hint=hint)
-        computing = self._compute_started  # after the lookup and load: their time is not prefill time
+        logits, reused, computing = self.prefill(slot, request.prompt_ids, params.tenant, use_cache, hint)
         picks = self._picker.launch(logits.unsqueeze(0), {0: state.sampler})
         if picks.in_flight:  # earlier prompts the lookup left pending are stored while the device computes
             self._keep_prefixes()
@@ -667,9 +672,9 @@ class Engine:
         tenant: str,
         use_cache: bool = True,
         hint: PrefixHint | None = None,
-    ) -> tuple[torch.Tensor, int]:
-        """Prefill `slot`, reusing this tenant's longest cached prefix unless `use_cache` is off;
-        returns (logits, tokens reused). `hint`: the prefix work started when `prompt` arrived."""
+    ) -> Prefilled:
+        """Prefill `slot`, reusing this tenant's longest cached prefix unless `use_cache` is off.
+        `hint`: the prefix work started when `prompt` arrived."""
         reused = 0
         if self.prefix_cache is not None and use_cache:
             self._keep_prefixes(sharing=(prompt, tenant))  # a lookup sees every prefix computed before it
@@ -680,8 +685,8 @@ class Engine:
         self.note_shape("prefill", padded)
         self.stats.prefix_reused_tokens += reused
         self.stats.prompt_tokens += len(prompt)
-        self._compute_started = time.perf_counter()
-        return self.runner.prefill(slot, prompt, padded, reused), reused
+        computing = time.perf_counter()
+        return Prefilled(self.runner.prefill(slot, prompt, padded, reused), reused, computing)
 
     def _decode(self) -> bool:
         states = list(self._active.values())

@@ -204,7 +204,8 @@ class HostBlockPool:
         for key in reversed(keys[: len(slots)]):  # the head used last: a chain ages tail first
             self._touch(key)
         if slots:
-            self.hits += len(slots) if count_hits else 0
+            if count_hits:
+                self.hits += len(slots)
             self.settle()
         return slots
 

@@ -410,10 +410,12 @@ def load_engine(
     engine.log = log
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
     engine.tenant_auth = TenantAuth.from_env()
-    if not engine.tenant_auth.enabled and engine.tenant_auth.trust_client:
-        log(f"tenants taken as named ({TRUST_ENV}=true, no {SECRET_ENV}): any client may act as any tenant")
-    elif not engine.tenant_auth.enabled:
-        log(f"{SECRET_ENV} unset: serving tenant 'default' only, requests naming another are refused")
+    if not engine.tenant_auth.enabled:
+        log(
+            f"tenants taken as named ({TRUST_ENV}=true, no {SECRET_ENV}): any client may act as any tenant"
+            if engine.tenant_auth.trust_client
+            else f"{SECRET_ENV} unset: serving tenant 'default' only, requests naming another are refused"
+        )
     elif engine.tenant_auth.previous is not None:
         log("tenant tokens of the previous secret still pass: drop it once the tokens are reissued")
     fingerprint = serving_fingerprint(model_dir, max_len, config.dtype)

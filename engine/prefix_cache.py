@@ -41,6 +41,12 @@ from engine.l2_pool import HostBlockPool
 from engine.model_runner import ModelRunner
 
 
+def pin_room(capacity: int, pinned: set[bytes]) -> int:
+    """How many more blocks a pool of `capacity` may pin: half of it at most, since a pool full of
+    pinned blocks could admit nothing new (L1 and L2 alike)."""
+    return max(0, capacity // 2 - len(pinned))
+
+
 @contextmanager
 def one_host_thread(device: torch.device) -> Iterator[None]:
     """Run the host copies of a store on the calling thread alone. They are small (a prompt's blocks,
@@ -308,9 +314,7 @@ class PrefixCache:
             if key in self.index:
                 self.index.move_to_end(key)
         if pin:
-            room = self.capacity // 2 - len(self.pinned)
-            self.pinned.update([key for key in keys if key in self.index][: max(0, room)])
-            self.warmed.update(keys)
+            self._warm([key for key in keys if key in self.index], keys)
         if self.l3 is not None and stored:
             if publish or pin or self.publish_on_first_use:
                 second = stored
@@ -352,14 +356,18 @@ class PrefixCache:
             promoted = self._promote([key for key, _ in todo], [block for _, block in todo])
         finally:
             self._protected = set()
-        room = self.capacity // 2 - len(self.pinned)
-        self.pinned.update(promoted[: max(0, room)])
-        self.warmed.update(promoted)
+        self._warm(promoted, promoted)
         for key in reversed(keys):  # as in lookup: the head ends most recent
             if key in self.index:
                 self.index.move_to_end(key)
         self._adopted = (set(promoted), waited_s + self.clock() - started, set(keys))
         return len(promoted)
+
+    def _warm(self, held: list[bytes], keys: list[bytes]) -> None:
+        """A warmed template's blocks: those L1 `held` are pinned there, as many as its pin room takes;
+        all its `keys` are pinned in L2 when demoted (`_demote`)."""
+        self.pinned.update(held[: pin_room(self.capacity, self.pinned)])
+        self.warmed.update(keys)
 
     def _from_l2(self, rest: list[bytes]) -> list[bytes]:
         """The leading blocks of `rest` L2 holds, brought into L1. L2's hits are the blocks it served (L1
@@ -443,7 +451,7 @@ class PrefixCache:
         l2 = self.l2
         warm = []
         if self.warmed:
-            room = max(0, l2.pool.shape[0] // 2 - len(l2.pinned))
+            room = pin_room(l2.pool.shape[0], l2.pinned)
             warm = [(row, key) for row, key in evicted if key in self.warmed and key not in l2.pinned][:room]
         if warm:
             warm_keys = {key for _, key in warm}

@@ -171,13 +171,15 @@ class TenantAuth:
         steps' own requests (the engine's warmup, the scheduler step's self-warmup, Triton's warmup
         samples to either), never refused for lacking one."""
         if self.secret is None:
-            if tenant != DEFAULT_TENANT and tier is not None and not self.trust_client:
+            if tier is None or self.trust_client:
+                return ""
+            if tenant != DEFAULT_TENANT:
                 raise RequestError.invalid(
                     f"tenant {tenant!r}: this server has no {SECRET_ENV}, so it cannot tell tenants apart "
                     f"and serves tenant {DEFAULT_TENANT!r} only; leave the tenant out, or have the operator "
                     f"set {SECRET_ENV} (tenants then send tokens) or, in development, {TRUST_ENV}=true"
                 )
-            if tier is not None and tier.restricted and not self.trust_client:  # no token could allow it
+            if tier.restricted:  # no token could show the right to it
                 raise RequestError.invalid(
                     f"slo_tier {tier.name!r} is restricted to clients with a tenant_token, and this server "
                     f"has no {SECRET_ENV} to check one against (in development: {TRUST_ENV}=true)"
