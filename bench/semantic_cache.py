@@ -77,6 +77,10 @@ FRESH = REPO_ROOT / "data" / "paraphrases-fresh.jsonl"
 FRESH2 = REPO_ROOT / "data" / "paraphrases-fresh2.jsonl"
 # written blind like the second, before the pair classifier existed; read only as totals
 FRESH3 = REPO_ROOT / "data" / "paraphrases-fresh3.jsonl"
+# written blind on 2026-12-01 and committed unread, after fresh2's and fresh3's failures were read pair by
+# pair to design the classifier's second training batch (data/pair-train/train-r*.jsonl): the blind sets now
+FRESH4 = REPO_ROOT / "data" / "paraphrases-fresh4.jsonl"
+FRESH5 = REPO_ROOT / "data" / "paraphrases-fresh5.jsonl"
 RESULTS = REPO_ROOT / "bench" / "results"
 TENANT = "bench"
 MAIN_SOURCES = ("original", "added")  # every other source is a fresh set, named after its file
@@ -459,6 +463,10 @@ def pooled(points: list[Point]) -> Point:
     )
 
 
+def progress(what: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {what}", flush=True)
+
+
 def out_of_fold_points(pairs, ranked, fit_on, tuning, highs, lows, cuts, pair_checks) -> list[Point]:
     """Every grid setting scored on the tuning queries out of fold: the queries split in FOLDS by SHA-256
     of 'a'; each fold's are scored with a verifier that ``fit_on(fold)`` fitted without them (nor their
@@ -468,6 +476,7 @@ def out_of_fold_points(pairs, ranked, fit_on, tuning, highs, lows, cuts, pair_ch
     0.876 on the held-out half."""
     by_setting: dict[tuple, list[Point]] = {}
     for fold in range(FOLDS):
+        progress(f"grid, out of fold: fold {fold + 1}/{FOLDS}")
         test = [t and p.bucket % FOLDS == fold for p, t in zip(pairs, tuning)]
         for point in grid_points(pairs, ranked, fit_on(fold), test, highs, lows, cuts, pair_checks):
             by_setting.setdefault(setting(point), []).append(point)
@@ -481,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fresh",
         type=Path,
         nargs="*",
-        default=[FRESH, FRESH2, FRESH3],
+        default=[FRESH, FRESH2, FRESH3, FRESH4, FRESH5],
         help="sets of pairs measured each on its own (absent files are skipped); only those in --tune-on "
         "also help choose the setting",
     )
@@ -560,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
             cache = SemanticResponseCache(
                 f"redis://localhost:{port}/0", "bench-model", embedder, verifier=None
             )
+            progress(f"embedding {len(stored) + len(stored_fresh) + len(pairs)} questions")
             t0 = time.perf_counter()
             stored_vecs = cache.embed_queries(stored)
             fresh_vecs = (
@@ -574,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError("store failed against the bench's own redis-server")
             # every eligible entry >= BASE_LOW per query, guard verdicts and features filled in, through
             # the cache's own ranking; each setting below replays them through the cache's own `select`
+            progress(f"ranking the candidates of {len(pairs)} queries")
             ranked = [
                 cache.candidates(p.b, p.tenant, params, embedding=v, low_threshold=BASE_LOW)
                 for p, v in zip(pairs, query_vecs)
@@ -612,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 tuned = grid_points(pairs, ranked, tuned_verifier, tuning, highs, lows, cuts, pair_checks)
             headline_pick = choose(tuned, args.min_precision, args.z)
+            progress("checking the headline setting with real lookups")
             # the replay must be what lookup does: check the headline setting with real lookups
             if headline_pick is not None:
                 cache.verifier = cut_of(tuned_verifier, headline_pick)

