@@ -44,6 +44,9 @@ from scheduler.tiers import WARMUP_TIER, Tier, TierTable
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
 NEVER = 2**63 - 1
 MAX_HOP_NS = 1_000_000_000  # scheduler step to engine: an arrival claimed earlier than this is not believed
+# After its last step (or a hit answered off the loop) the idle loop keeps publishing the cache counters,
+# once a second, this long: the caches' asynchronous writes land after the requests that caused them.
+COUNTERS_SETTLE_S = 10.0
 
 
 @dataclass
@@ -128,6 +131,7 @@ class Engine:
         self.lookups: LookupPool | None = None  # the semantic cache's lookups, off the submitting thread
         self.tenant_auth = TenantAuth()  # the loader's reads LLM_TENANT_SECRET
         self._cache_stats_at = 0.0
+        self._busy_at: float | None = None  # the last step or off-loop hit (monotonic): see COUNTERS_SETTLE_S
         self._next_expiry_ns = NEVER  # the soonest a queued request expires (max_queue_ms); a bound
         self._cache_stats_lock = threading.Lock()
         self._active: dict[int, _Active] = {}
@@ -259,6 +263,9 @@ class Engine:
         self.observer.on_first_token(params.tier, since_received_s(request))
         self.observer.on_finish(params.tier, "cached", len(output))
         self._publish_cache_counters()
+        with self._lock:  # the idle loop may be asleep for good: it publishes what this one may not have
+            self._busy_at = time.monotonic()
+            self._lock.notify()
 
     def _publish_cache_counters(self) -> None:
         """At most once a second, from whichever thread serves (cache hits never reach the loop)."""
@@ -358,6 +365,7 @@ class Engine:
         admitted = self._admit()
         decoded = self._decode() if self._active else False
         active = self._publish_load()
+        self._busy_at = time.monotonic()
         self._publish_cache_counters()
         if self.recorder is not None:
             self.recorder.observe_active(active)
@@ -376,14 +384,30 @@ class Engine:
     def prefill_bucket(self, length: int) -> int:
         return self.runner.bucket(length, self.prompt_buckets)
 
+    def _has_work_locked(self) -> bool:
+        return bool(self._stopping or self._queue or self._active or self.has_background_work)
+
+    def _wait_for_work_locked(self) -> bool:
+        """Sleeps until there is work (True), or for a second while the counters settle (False: publish)."""
+        while not self._has_work_locked():
+            if self._busy_at is None or time.monotonic() - self._busy_at >= COUNTERS_SETTLE_S:
+                self._lock.wait()
+                continue
+            self._lock.wait(timeout=1.0)
+            if not self._has_work_locked():
+                return False
+        return True
+
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not (self._stopping or self._queue or self._active or self.has_background_work):
-                    self._lock.wait()
+                has_work = self._wait_for_work_locked()
                 if self._stopping:
                     return
                 idle = not self._queue and not self._active
+            if not has_work:
+                self._publish_cache_counters()
+                continue
             try:
                 if idle:
                     self._background_step()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 import uuid
 
@@ -483,3 +484,37 @@ def test_l2_counts_what_it_served_and_what_it_lacked_not_what_l1_could_not_take(
     assert (cache.l2.hits, cache.l2_miss_blocks) == (2, 0)
     block_bytes = cache.pool[0].numel() * cache.pool.element_size()
     assert cache_counters(cache, None)[("l2", "bytes_loaded")] == 2 * block_bytes
+
+
+def test_the_idle_engine_publishes_counters_that_change_after_its_last_step(model):  # noqa: F811
+    """The caches' asynchronous writes land after the requests that made them, when the engine no longer
+    steps: the idle loop publishes the counters again for COUNTERS_SETTLE_S, then sleeps for good."""
+    from engine import engine as engine_module
+    from engine.observer import EngineObserver
+
+    published: list[dict] = []
+
+    class Recorder(EngineObserver):
+        def on_cache_counters(self, counters):
+            published.append(dict(counters))
+
+    engine = make_engine(model)
+    engine.observer = Recorder()
+    engine.start()
+    try:
+        sink = RecordingSink()
+        engine.submit(request(PREFIX + [5], sink, max_tokens=3))
+        assert wait_for(lambda: sink.finished)
+        engine.prefix_cache.tier_errors += 7  # as a write finishing after the last step would count
+        assert wait_for(lambda: published and published[-1][("prefix", "tier_errors")] == 7, timeout_s=5)
+        engine._busy_at = time.monotonic() - engine_module.COUNTERS_SETTLE_S  # settled: no more wake-ups
+        count = len(published)
+        engine.prefix_cache.tier_errors += 1
+        # the wait under way ends in one more publish; polling on would make three in 3.5 s
+        assert not wait_for(lambda: len(published) > count + 1, timeout_s=3.5)
+        sink = RecordingSink()
+        engine.submit(request(PREFIX + [6], sink, max_tokens=3))  # work wakes it, and it publishes again
+        assert wait_for(lambda: sink.finished)
+        assert wait_for(lambda: published[-1][("prefix", "tier_errors")] == 8, timeout_s=5)
+    finally:
+        engine.shutdown(drain_timeout_s=10)
