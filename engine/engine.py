@@ -233,7 +233,7 @@ class Engine:
                 raise RequestError.unavailable("the engine is shutting down; retry on another replica")
             began = time.perf_counter_ns()
             if self.admission is not None:
-                arrival = request.params.arrival_ns or request.received_ns
+                arrival = request.arrived_ns
                 decision = self.admission.check(
                     request.params.tier, length, self._load_locked(), time.time_ns(), arrival_ns=arrival
                 )
@@ -250,6 +250,7 @@ class Engine:
         a hop earlier); an arrival claimed further back counts from `MAX_HOP_NS` before this one."""
         received = request.received_ns
         arrival = min(max(request.params.arrival_ns or received, received - MAX_HOP_NS), received)
+        request.arrival_ns = arrival  # and its own expiry, admission and log count from there too
         priority, deadline_ns = assign(tier, arrival)
         request.priority = max(request.priority, priority)
         request.deadline_ns = max(request.deadline_ns, deadline_ns)
@@ -512,7 +513,7 @@ class Engine:
                     "max_queue_ms: ended rather than left waiting; retry on another replica or later"
                 )
             else:
-                waited_ms = (time.time_ns() - (request.params.arrival_ns or request.received_ns)) / 1e6
+                waited_ms = (time.time_ns() - request.arrived_ns) / 1e6
                 message = (
                     f"queued {waited_ms:.0f} ms, past tier {tier!r}'s max_queue_ms: refused rather than run "
                     "late; retry on another replica or later"

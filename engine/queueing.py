@@ -56,7 +56,7 @@ class PolicyQueue:
         """When, on the queue's clock (monotonic), the request has waited its tier's `max_queue_ms` since
         it arrived (in the scheduler step, when it says so: wall clock). An unknown tier: the default's."""
         tier = self._tier(request)
-        arrived = request.params.arrival_ns or request.received_ns
+        arrived = request.arrived_ns
         waited = max(0, time.time_ns() - arrived) if arrived else 0
         return time.monotonic_ns() + tier.max_queue_ns - waited
 

@@ -40,9 +40,17 @@ class EngineRequest:
     deadline_ns: int
     sink: ResponseSink
     received_ns: int = 0
+    # when it arrived (wall clock), as the engine believes it: the scheduler step's params.arrival_ns, but
+    # no earlier than MAX_HOP_NS before receipt and no later than receipt (set by Engine.submit)
+    arrival_ns: int = 0
     scheduling_ns: int = 0  # time spent deciding about it: admission, queueing, dispatch, preemption
     prefix_hint: PrefixHint | None = None  # its prefix keys and L3 probe, started on arrival
     response_key: ResponseKey | None = None  # its exact response-cache key, from its lookup on arrival
+
+    @property
+    def arrived_ns(self) -> int:
+        """Its bounded arrival, or its receipt where nothing set one (a request queued without submit)."""
+        return self.arrival_ns or self.received_ns
 
 
 def check_params(params: EngineRequestParams, max_new_tokens: int) -> None:

@@ -202,6 +202,25 @@ def test_a_request_queued_past_its_tiers_max_queue_ms_is_refused_not_run(model):
     assert engine.stats.finished == {"expired": 1, "cancelled": 1, "length": 1}
 
 
+def test_an_arrival_claimed_long_ago_counts_from_one_hop_before_receipt(model):
+    """llm_engine's arrival_ns is an input anyone may send: one an hour old neither expires the request at
+    once (it counts from MAX_HOP_NS before receipt, as its priority does) nor shows in its log as an hour."""
+    from engine.engine import MAX_HOP_NS
+
+    runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
+    tiers = tiers_with_max_queue(3 * MAX_HOP_NS / 1e6)
+    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, tiers=tiers)
+    sink = RecordingSink()
+    long_ago = request([1, 3], sink, rid="b", max_tokens=3, arrival_ns=time.time_ns() - 3600 * 10**9)
+    engine.submit(long_ago)
+    assert long_ago.received_ns - long_ago.arrived_ns == MAX_HOP_NS
+    run_until_idle(engine)
+    assert len(sink.tokens) == 3 and not sink.errors
+    future = request([1, 4], RecordingSink(), rid="c", max_tokens=3, arrival_ns=time.time_ns() + 3600 * 10**9)
+    engine.submit(future)  # nor does one from the future wait forever
+    assert future.arrived_ns == future.received_ns
+
+
 def test_a_request_still_queued_when_its_max_queue_ms_passes_expires(model):
     runner = ModelRunner(model, slots=1, max_len=128, kv_buckets=BUCKETS)
     engine = Engine(runner, lambda t: bytes([97 + t % 26]), {EOS}, BUCKETS, tiers=tiers_with_max_queue(10))
