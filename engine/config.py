@@ -125,7 +125,7 @@ class EngineConfig:
     response_cache_first_use: bool = False  # write every answer (default: on its prompt's second sighting)
     exact_tenant_max_entries: int = 0  # the most exact answers one tenant keeps in Redis (0: no quota)
     semantic_cache: bool = False
-    semantic_threshold: float = 0.84
+    semantic_threshold: float = 0.82
     semantic_tenant_max_entries: int = 10000  # per tenant: its lookup compares every entry's vector
     semantic_verifier: bool = True  # the lower cosine band, checked by cache/semantic_verifier.json
     semantic_pair_check: bool = True  # every would-be hit also passes cache/pair_classifier.safetensors

@@ -30,6 +30,7 @@ from tests.test_semantic_verifier import OneHotEmbedder, unit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_DIR = REPO / "data" / "pair-train"
+SECOND_BATCH = REPO / "data" / "pair-train-r"  # reworded contrasts, 2026-12-01: measured, not adopted
 GREEDY = EngineRequestParams(max_tokens=16, temperature=0.0)
 
 
@@ -271,6 +272,10 @@ def test_no_training_question_is_in_a_measured_set():
     }
     assert len(measured) > 1000 and len(trained) > 3000
     assert not measured & trained
+    second_batch = {  # measured, not adopted (docs/INTERNALS.md): held to the same rule
+        normalize_question(q) for p in read_pairs(sorted(SECOND_BATCH.glob("*.jsonl"))) for q in (p.a, p.b)
+    }
+    assert len(second_batch) > 2000 and not measured & second_batch
 
 
 def test_the_engine_builds_the_semantic_cache_with_its_pair_check_or_not_at_all(redis_server, monkeypatch):

@@ -70,8 +70,8 @@ def test_shipped_verifier_accepts_a_distinct_rewording_and_rejects_a_near_miss()
     para = feats(
         "How can I stop receiving promotional emails?",
         "How do I unsubscribe from marketing emails?",
-        0.72,
-        0.25,
+        0.75,
+        0.3,
     )
     assert v.accepts(para)
     # the same object, another action, with another stored question just as close: a near miss
