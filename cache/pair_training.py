@@ -183,7 +183,7 @@ def write_half_copy(dest: Path, model_dir: Path | None = None) -> str:
         if (source / name).is_file():
             (dest / name).write_bytes((source / name).read_bytes())
     weights = load_file(str(source / "model.safetensors"))
-    half = {k: v.half() for k, v in weights.items()}
+    half = {k: v.half() if v.is_floating_point() else v for k, v in weights.items()}
     save_file(half, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return base_fingerprint(source)
 

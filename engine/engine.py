@@ -264,9 +264,10 @@ class Engine:
         self.observer.on_first_token(params.tier, since_received_s(request))
         self.observer.on_finish(params.tier, "cached", len(output))
         self._publish_cache_counters()
-        with self._lock:  # the idle loop may be asleep for good: it publishes what this one may not have
-            self._busy_at = time.monotonic()
-            self._lock.notify()
+        before, self._busy_at = self._busy_at, time.monotonic()
+        if before is None or self._busy_at - before > COUNTERS_SETTLE_S - 1.0:
+            with self._lock:  # the idle loop may be asleep for good: it publishes what this one may not have
+                self._lock.notify()
 
     def _publish_cache_counters(self) -> None:
         """At most once a second, from whichever thread serves (cache hits never reach the loop)."""
@@ -366,7 +367,6 @@ class Engine:
         admitted = self._admit()
         decoded = self._decode() if self._active else False
         active = self._publish_load()
-        self._busy_at = time.monotonic()
         self._publish_cache_counters()
         if self.recorder is not None:
             self.recorder.observe_active(active)
@@ -414,6 +414,7 @@ class Engine:
                     self._background_step()
                 else:
                     self.step()
+                self._busy_at = time.monotonic()  # either may have changed counters: see COUNTERS_SETTLE_S
             except Exception as exc:  # a broken step must not kill the engine thread
                 self.stats.step_failures += 1
                 self.log(json.dumps({"event": "engine_step_failed", "error": f"{type(exc).__name__}: {exc}"}))

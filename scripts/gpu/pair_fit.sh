@@ -8,6 +8,10 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 sha=$1; shift
+if [ $# -eq 0 ] || [ $(( $# % 2 )) -ne 0 ]; then
+  echo "usage: bash scripts/gpu/pair_fit.sh SHA256 NAME \"TRAINING ARGS\" [NAME \"TRAINING ARGS\" ...]" >&2
+  exit 2
+fi
 pids=()
 while [ $# -ge 2 ]; do
   name=$1 args=$2; shift 2
