@@ -5,10 +5,12 @@
 #   here, once:  python -m cache.pair_training --write-half-copy .gpupair/minilm-fp16   # prints the SHA-256
 #   there:       bash scripts/gpu/pair_fit.sh SHA256 NAME "TRAINING ARGS" [NAME "TRAINING ARGS" ...]
 # Each fit runs beside the others on the one GPU and writes $OUT/NAME.safetensors and $OUT/NAME.log.
+# PAIR_FIT_DEVICE (cuda), PAIR_FIT_MODEL_DIR (.gpupair/minilm-fp16) and PYTHON (python3: the image's,
+# which holds torch) change where, from what and with which interpreter.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-sha=$1; shift
-if [ $# -eq 0 ] || [ $(( $# % 2 )) -ne 0 ]; then
+sha=${1:-}; shift || true
+if [ -z "$sha" ] || [ $# -eq 0 ] || [ $(( $# % 2 )) -ne 0 ]; then
   echo "usage: bash scripts/gpu/pair_fit.sh SHA256 NAME \"TRAINING ARGS\" [NAME \"TRAINING ARGS\" ...]" >&2
   exit 2
 fi
@@ -16,7 +18,8 @@ pids=()
 while [ $# -ge 2 ]; do
   name=$1 args=$2; shift 2
   # shellcheck disable=SC2086  # the training args are words
-  python3 -m cache.pair_training $args --device cuda --model-dir .gpupair/minilm-fp16 --base-sha256 "$sha" \
+  "${PYTHON:-python3}" -m cache.pair_training $args --device "${PAIR_FIT_DEVICE:-cuda}" \
+    --model-dir "${PAIR_FIT_MODEL_DIR:-.gpupair/minilm-fp16}" --base-sha256 "$sha" \
     --out "$OUT/$name.safetensors" > "$OUT/$name.log" 2>&1 &
   pids+=($!)
 done
