@@ -56,7 +56,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -746,15 +746,28 @@ class Candidate:
         return self._x
 
     def pair_probability(self, classifier: PairClassifier) -> float:
-        """The cross-encoder's probability that the stored question's answer serves the query; 1 without
-        running it for the same text up to case and spacing. Not up to ``normalize_question``, which drops
-        operators and signs: "What is 2*3?" and "What is 2/3?" have one normal form."""
+        """The cross-encoder's probability that the stored question's answer serves the query."""
         if self._pair is None:
-            if _folded(self.prompt) == _folded(self.query.prompt):
-                self._pair = 1.0
-            else:
-                self._pair = float(classifier.probability([(self.prompt, self.query.prompt)])[0])
+            score_pairs([self], classifier)
         return self._pair
+
+
+def score_pairs(cands: list[Candidate], classifier: PairClassifier) -> None:
+    """Fills in the pair probability of the candidates that have none, in one classifier pass: a pass over
+    two pairs costs about what one does (17.0 against 16.8 ms on 2 CPU threads). The same text up to case
+    and spacing is 1 without the model; not up to ``normalize_question``, which drops operators and signs:
+    "What is 2*3?" and "What is 2/3?" have one normal form."""
+    need = []
+    for cand in cands:
+        if cand._pair is None:
+            if _folded(cand.prompt) == _folded(cand.query.prompt):
+                cand._pair = 1.0
+            else:
+                need.append(cand)
+    if need:
+        probabilities = classifier.probability([(cand.prompt, cand.query.prompt) for cand in need])
+        for cand, probability in zip(need, probabilities):
+            cand._pair = float(probability)
 
 
 @dataclass(frozen=True)
@@ -789,19 +802,31 @@ class _PairScorer:
     def __init__(self, check: PairCheck, count):
         self.check, self.count, self.used = check, count, 0
 
-    def judge(self, cand: Candidate, cut: float) -> str:
+    def judge(self, cand: Candidate, cut: float, after: Sequence[Candidate] = (), floor: float = 0.0) -> str:
         """ "yes" (probability >= cut), "no", "spent" (the budget is used up: not run) or "error" (the model
-        raised; counted and logged: a cache must never fail a request, so the lookup is a miss)."""
+        raised; counted and logged: a cache must never fail a request, so the lookup is a miss). With budget
+        left, the next candidate of ``after`` this lookup may score (at ``floor`` or above, past the guard
+        or one it may overrule) is scored in the same pass: when this one is turned down, the next costs
+        no second pass."""
         if self.used >= self.check.max_scored:
             return "spent"
         self.used += 1
         try:
+            together = [cand]
+            if cand._pair is None and self.used < self.check.max_scored:
+                later = next((c for c in after if c.score < floor or self._may_score(c)), None)
+                together += [later] if later is not None and later.score >= floor else []
+            score_pairs(together, self.check.classifier)
             probability = cand.pair_probability(self.check.classifier)
         except Exception:
             logger.exception("semantic cache: the pair classifier failed; served as a miss")
             self.count("pair_errors")
             return "error"
         return "yes" if probability >= cut else "no"
+
+    def _may_score(self, cand: Candidate) -> bool:
+        verdict = cand.verdict()
+        return verdict.ok or self.check.may_overrule(verdict.reason)
 
 
 def select(
@@ -823,18 +848,20 @@ def select(
     ``high`` only."""
     scored = 0
     scorer = None if pair_check is None else _PairScorer(pair_check, count)
-    for cand in candidates:
+    candidates = list(candidates)
+    floor = min(low, high)
+    for position, cand in enumerate(candidates):
         if not use_guard:
             if cand.score >= high:
                 return cand, "high"
             continue
-        if cand.score < min(low, high):
+        if cand.score < floor:
             break
         overruled = False
         if not cand.verdict().ok:
             judged = "no"
             if scorer is not None and pair_check.may_overrule(cand.verdict().reason):
-                judged = scorer.judge(cand, pair_check.overrule_min)
+                judged = scorer.judge(cand, pair_check.overrule_min, candidates[position + 1 :], floor)
             if judged == "error":
                 return None
             if judged != "yes":
@@ -860,7 +887,7 @@ def select(
             band = "low"
         if scorer is None or overruled:  # an overruled candidate was scored above the higher cut
             return cand, band
-        judged = scorer.judge(cand, pair_check.min_probability)
+        judged = scorer.judge(cand, pair_check.min_probability, candidates[position + 1 :], floor)
         if judged in ("yes", "error"):
             return (cand, band) if judged == "yes" else None
         count("pair_rejections")

@@ -259,6 +259,63 @@ def test_with_a_pair_check_a_hit_must_also_pass_the_classifier(redis_server):
         PairCheck(table, min_probability=1.5)
 
 
+class BatchRecorder(TableClassifier):
+    """A TableClassifier that also keeps each call's pairs apart: one call is one model pass."""
+
+    def __init__(self, table):
+        super().__init__(table)
+        self.passes: list[list[tuple[str, str]]] = []
+
+    def probability(self, pairs):
+        self.passes.append(list(pairs))
+        return super().probability(pairs)
+
+
+def test_the_next_candidate_is_scored_in_the_same_pass(redis_server):
+    """A pass over two pairs costs about what one does: when the best candidate is turned down, the next
+    one's probability is already there. A next candidate the guard turns down for good is not scored."""
+    first = "How do I transfer photos from my phone to my laptop?"
+    second = "How can I move pictures from my phone onto my computer?"
+    negated = "How do I not transfer photos from my phone to my computer?"  # the guard turns it down
+    query = "What's the way to copy phone photos to a laptop?"
+    emb = OneHotEmbedder(
+        {
+            first: unit(1, 0),
+            second: unit(0.95, 0.312),
+            negated: unit(0.9998, -0.0175),
+            query: unit(0.99, 0.141),
+        }
+    )
+    table = BatchRecorder({(first, query): 0.2, (second, query): 0.9, (negated, query): 0.99})
+    c = SemanticResponseCache(
+        redis_server,
+        f"fp-{uuid.uuid4().hex[:8]}",
+        emb,
+        threshold=0.8,
+        low_threshold=0.6,
+        verifier=None,
+        pair_check=PairCheck(table, min_probability=0.5, max_scored=2),
+    )
+    try:
+        assert c.store(first, "t", GREEDY, " one") and c.store(second, "t", GREEDY, " two")
+        hit = c.lookup(query, "t", GREEDY)
+        assert hit is not None and hit.prompt == second
+        assert table.passes == [[(first, query), (second, query)]]  # one pass for both
+        assert c.snapshot()["pair_rejections"] == 1
+
+        table.passes.clear()
+        c.pair_check = PairCheck(table, min_probability=0.5, max_scored=1)  # no budget for a second
+        assert c.lookup(query, "t", GREEDY) is None and table.passes == [[(first, query)]]
+
+        assert c.store(negated, "t", GREEDY, " three")  # between the two, and the guard's no is final
+        table.passes.clear()
+        c.pair_check = PairCheck(table, min_probability=0.5, max_scored=2)
+        assert c.lookup(query, "t", GREEDY).prompt == second
+        assert table.passes == [[(first, query), (second, query)]]  # negated skipped, not scored
+    finally:
+        c.close()
+
+
 def test_no_training_question_is_in_a_measured_set():
     """The benchmark's claims are made on data/paraphrases*.jsonl: the classifier must not have seen them."""
     from cache.semantic_cache import normalize_question
