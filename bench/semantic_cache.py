@@ -20,12 +20,12 @@ Wilson lower bound (z = --z), which the point estimate on ~230 pairs overrates. 
 the headline and what the cache's defaults should be. A 5-fold estimate (tune on 4/5, measure on 1/5,
 pooled) is reported beside it. The sets of --fresh (data/paraphrases-fresh*.jsonl: written blind to the
 guard and the verifier) are measured at the chosen settings, each on its own: its questions are stored in
-a tenant of its own. Those named by --tune-on (default: the first, whose failures were read while
-developing) also count when the setting is chosen, beside the tuning half: that half is where the guard
-was designed, so alone it prefers the guard to anything else. No verifier fit or fold sees a fresh set,
-and the others (fresh2, fresh3) are only measured. Each grid point is scored on the tuning queries out of
-fold (--choose-by, default): a verifier fitted on the very queries it is scored on makes a permissive cut
-look safe.
+a tenant of its own. Those named by --tune-on (default: fresh, fresh2 and fresh3, whose failures were
+read while developing) also count when the setting is chosen, beside the tuning half: that half is where
+the guard was designed, so alone it prefers the guard to anything else. No verifier fit or fold sees a
+fresh set, and the others (fresh4, fresh5: the blind ones) are only measured. Each grid point is scored
+on the tuning queries out of fold (--choose-by, default): a verifier fitted on the very queries it is
+scored on makes a permissive cut look safe.
 
 The grid also holds pair checks (cache/pair_classifier.py, --pair-classifier): the cross-encoder must
 accept what the rest would serve. Its training pairs (data/pair-train/) share no domain with any set
@@ -70,15 +70,15 @@ from scheduler.messages import EngineRequestParams
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA = REPO_ROOT / "data" / "paraphrases.jsonl"
-# written blind to the guard and the verifier, never tuned on, only measured: the first after the frame
-# condition of the swap rule was set (2026-11-30, since read to study the guard's failures), the second
-# written later by another blind helper, with harder traps asked for (2026-11-30, not read)
+# written blind to the guard and the verifier: the first after the frame condition of the swap rule was
+# set (2026-11-30, since read to study the guard's failures), the second later by another blind helper,
+# with harder traps asked for (2026-11-30); both development sets since 2026-12-01 (read pair by pair)
 FRESH = REPO_ROOT / "data" / "paraphrases-fresh.jsonl"
 FRESH2 = REPO_ROOT / "data" / "paraphrases-fresh2.jsonl"
-# written blind like the second, before the pair classifier existed; read only as totals
+# written blind like the second, before the pair classifier existed; a development set since 2026-12-01
 FRESH3 = REPO_ROOT / "data" / "paraphrases-fresh3.jsonl"
 # written blind on 2026-12-01 and committed unread, after fresh2's and fresh3's failures were read pair by
-# pair to design the classifier's second training batch (data/pair-train/train-r*.jsonl): the blind sets now
+# pair to design the classifier's second training batch (data/pair-train-r/): the blind sets now
 FRESH4 = REPO_ROOT / "data" / "paraphrases-fresh4.jsonl"
 FRESH5 = REPO_ROOT / "data" / "paraphrases-fresh5.jsonl"
 RESULTS = REPO_ROOT / "bench" / "results"

@@ -2,9 +2,10 @@
 
 The embedding cache compares two questions as two vectors made apart, and among the candidates that pass
 its cosine cut that is worse than a coin: on pairs written blind to it (data/paraphrases-fresh.jsonl) the
-ROC AUC of cosine above 0.7 is 0.40, because a question's negation, reversal or near-miss sits closer to it
-than a reworded paraphrase does. A cross-encoder reads "[CLS] a [SEP] b [SEP]" in one pass, so attention
-can line the words of one question up with the other's and see which one changed roles.
+ROC AUC of cosine above 0.7 is under 0.5 (docs/INTERNALS.md), because a question's negation, reversal or
+near-miss sits closer to it than a reworded paraphrase does. A cross-encoder reads "[CLS] a [SEP] b [SEP]"
+in one pass, so attention can line the words of one question up with the other's and see which one
+changed roles.
 
 The model is the packaged MiniLM checkpoint (nothing can be downloaded here) with a low-rank (LoRA) delta on
 its linear layers and a linear head over the mean-pooled output, fitted by ``cache.pair_training`` on

@@ -778,7 +778,8 @@ class PairCheck:
     a reason in ``overrules`` (its part before ":", e.g. "entities") goes on as if it had passed when the
     model gives it at least ``overrule_min``. The guard's word rules also turn down rewordings ("Mac" /
     "MacBook", a synonym in the same frame) that the model, reading both questions, tells apart. At most
-    ``max_scored`` candidates per lookup go through the model, which bounds a lookup's cost."""
+    ``max_scored`` model passes per lookup, each of at most two candidates (the one judged and the next it
+    may judge: ``_PairScorer.judge``), which bounds a lookup's cost."""
 
     classifier: PairClassifier
     min_probability: float = DEFAULT_PAIR_MIN
