@@ -38,6 +38,8 @@ class CoalescerConfig:
     # texts one coalesced pass takes at most: MiniLMEmbedder's batch_size, past which it would split the
     # pass anyway. A single call with more texts still runs whole (the inner embedder splits it).
     max_texts: int = 64
+    # what a pass computes, for its errors (the pair classifier shares this group commit: "pair scoring")
+    what: str = "embedding"
 
 
 class EmbeddingFailed(RuntimeError):
@@ -96,7 +98,7 @@ class CoalescingEmbedder:
             # frames, whose f_back chain reaches back here, and a cycle would keep them until a GC
             error, call.error = call.error, None
             try:
-                raise EmbeddingFailed(f"the embedding pass failed: {error!r}") from error
+                raise EmbeddingFailed(f"the {self.config.what} pass failed: {error!r}") from error
             finally:
                 del error
         assert call.rows is not None
@@ -160,7 +162,7 @@ class CoalescingEmbedder:
         with self._cond:
             try:
                 if rows is None and error is None:
-                    error = RuntimeError("the embedding pass was interrupted in another thread")
+                    error = RuntimeError(f"the {self.config.what} pass was interrupted in another thread")
                 start = 0
                 for c in batch:
                     if error is None:
@@ -175,7 +177,7 @@ class CoalescingEmbedder:
             finally:  # interrupted while answering: the rest are told, and the next pass may start
                 for c in batch:
                     if not c.done:
-                        c.error, c.done = RuntimeError("the embedding pass was interrupted"), True
+                        c.error, c.done = RuntimeError(f"the {self.config.what} pass was interrupted"), True
                 if led:
                     self._running = False
                 self._cond.notify_all()

@@ -221,3 +221,39 @@ class PairClassifier:
             probs = torch.sigmoid(pooled @ self.head_weight.T + self.head_bias).squeeze(-1)
         probs = probs.double().numpy()
         return (probs[: len(pairs)] + probs[len(pairs) :]) / 2
+
+
+class _PairsAsRows:
+    """The classifier seen as a one-column embedder, so that CoalescingEmbedder's group commit (its
+    queueing, leader hand-off and interrupt handling) serves it unchanged."""
+
+    dim = 1
+
+    def __init__(self, classifier: PairClassifier):
+        self.classifier = classifier
+
+    def embed(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        return self.classifier.probability(pairs).reshape(-1, 1)
+
+    def fits(self, pairs: list[tuple[str, str]]) -> list[bool]:
+        return [True] * len(pairs)
+
+
+class CoalescingPairClassifier:
+    """A PairClassifier whose concurrent ``probability`` calls share one model pass: semantic lookups run
+    on several threads, the model one pass at a time (its lock), and a pass over two pairs costs about
+    what one does (17.0 against 16.8 ms on 2 CPU threads; 4 pairs 28.6 ms). A lone call runs at once."""
+
+    def __init__(self, classifier: PairClassifier, max_pairs: int = 8):
+        from cache.embed_coalescer import CoalescerConfig, CoalescingEmbedder
+
+        self.classifier = classifier
+        self._group = CoalescingEmbedder(_PairsAsRows(classifier), CoalescerConfig(max_pairs, "pair scoring"))
+
+    def probability(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        """As PairClassifier.probability; a failed shared pass raises EmbeddingFailed (its cause chained)."""
+        return self._group.embed(list(pairs))[:, 0].astype(np.float64)
+
+    def snapshot(self) -> dict[str, int]:
+        """calls, queued, passes, texts (pairs) and errors: how many lookups each model pass served."""
+        return self._group.snapshot()

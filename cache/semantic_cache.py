@@ -966,13 +966,17 @@ class SemanticResponseCache(RedisCacheBase):
 
     def snapshot(self) -> dict[str, int]:
         """The cache's counters and, as ``embed_<name>``, the embedder's when it keeps any (a
-        ``CoalescingEmbedder``'s passes and texts: how many lookups each forward pass served)."""
+        ``CoalescingEmbedder``'s passes and texts: how many lookups each forward pass served); as
+        ``pair_model_<name>``, the pair classifier's the same way (``pair_model_texts``: pairs scored)."""
         counters = super().snapshot()
         embedder_counters = getattr(self.embedder, "snapshot", None)
         if callable(embedder_counters):
             counters.update({f"embed_{name}": value for name, value in embedder_counters().items()})
         if self.recent is not None:
             counters.update({f"embed_recent_{name}": value for name, value in self.recent.snapshot().items()})
+        classifier_counters = getattr(getattr(self.pair_check, "classifier", None), "snapshot", None)
+        if callable(classifier_counters):  # a CoalescingPairClassifier's: how many lookups a pass served
+            counters.update({f"pair_model_{name}": value for name, value in classifier_counters().items()})
         return counters
 
     # -- keys and records ------------------------------------------------------------------------

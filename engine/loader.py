@@ -209,7 +209,8 @@ def pair_check(config: EngineConfig):
     from cache.semantic_cache import PairCheck
 
     classifier = pair_classifier.PairClassifier.load(pair_classifier.DEFAULT_WEIGHTS)
-    return PairCheck(classifier, config.semantic_pair_min)
+    # concurrent semantic lookups share its passes
+    return PairCheck(pair_classifier.CoalescingPairClassifier(classifier), config.semantic_pair_min)
 
 
 def build_response_tier(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -349,7 +351,15 @@ def test_the_engine_builds_the_semantic_cache_with_its_pair_check_or_not_at_all(
     tier = build_response_tier(EngineConfig(**base), "fp-pair", MODEL_DIR, decoder, logs.append)
     try:
         check = tier.semantic.pair_check
-        assert isinstance(check.classifier, PairClassifier) and check.min_probability == 0.4
+        assert check.min_probability == 0.4
+        shared = check.classifier  # concurrent lookups share its passes
+        assert isinstance(shared, pair_classifier.CoalescingPairClassifier)
+        assert isinstance(shared.classifier, PairClassifier)
+        pairs = [("How do I boil an egg?", "What's the way to boil an egg?")]
+        np.testing.assert_allclose(shared.probability(pairs), shared.classifier.probability(pairs), rtol=1e-6)
+        counters = tier.semantic.snapshot()
+        assert counters["pair_model_calls"] == 1 and counters["pair_model_texts"] == 1
+        assert "pair_errors" in counters  # the lookups' own count, not overwritten by the model's
     finally:
         tier.close()
     tier = build_response_tier(
@@ -512,3 +522,47 @@ def test_the_trainer_refuses_zero_epochs(tmp_path):
 def test_the_trainer_refuses_a_bad_config(change):
     with pytest.raises(ValueError):
         TrainConfig(**change)
+
+
+class SlowTable:
+    """A classifier whose pass takes a while, recording each pass's pairs; raises on a pair it is told to."""
+
+    def __init__(self, table, pass_s=0.05, fail_on=None):
+        self.table, self.pass_s, self.fail_on, self.passes = table, pass_s, fail_on, []
+        self._lock = threading.Lock()
+
+    def probability(self, pairs):
+        with self._lock:  # one pass at a time, as PairClassifier's own lock makes it
+            self.passes.append(list(pairs))
+            time.sleep(self.pass_s)  # the pass's duration: what callers arriving meanwhile queue behind
+            if self.fail_on in pairs:
+                raise RuntimeError("model failed")
+            return np.array([self.table[p] for p in pairs])
+
+
+def test_concurrent_lookups_share_the_classifiers_passes():
+    """Lookups on several threads each get their own probabilities, from fewer passes than calls; a pass
+    that fails fails each of its callers (a miss each: judge counts it), and the next pass runs."""
+    pairs = [(f"stored {i}", f"query {i}") for i in range(8)]
+    inner = SlowTable({p: i / 10 for i, p in enumerate(pairs)})
+    shared = pair_classifier.CoalescingPairClassifier(inner)
+    results: dict[int, float] = {}
+
+    def call(i):
+        results[i] = float(shared.probability([pairs[i]])[0])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == {i: pytest.approx(i / 10) for i in range(8)}
+    assert len(inner.passes) < 8 and sorted(p for batch in inner.passes for p in batch) == sorted(pairs)
+    counts = shared.snapshot()
+    assert counts["calls"] == 8 and counts["passes"] == len(inner.passes) and counts["texts"] == 8
+
+    failing = pair_classifier.CoalescingPairClassifier(SlowTable({}, fail_on=pairs[0]))
+    with pytest.raises(Exception, match="pair scoring pass failed") as raised:
+        failing.probability([pairs[0]])
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert failing.snapshot()["errors"] == 1
