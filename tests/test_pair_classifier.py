@@ -215,6 +215,19 @@ class TableClassifier:
         return np.array([self.table[p] for p in pairs])
 
 
+def two_band_cache(redis_server, emb, classifier) -> SemanticResponseCache:
+    """Bands at 0.8 and 0.6, no verifier, a pair check at 0.5 with two passes, in a store of its own."""
+    return SemanticResponseCache(
+        redis_server,
+        f"fp-{uuid.uuid4().hex[:8]}",
+        emb,
+        threshold=0.8,
+        low_threshold=0.6,
+        verifier=None,
+        pair_check=PairCheck(classifier, min_probability=0.5, max_scored=2),
+    )
+
+
 def test_with_a_pair_check_a_hit_must_also_pass_the_classifier(redis_server):
     first = "How do I transfer photos from my phone to my laptop?"
     second = "How can I move pictures from my phone onto my computer?"
@@ -224,15 +237,7 @@ def test_with_a_pair_check_a_hit_must_also_pass_the_classifier(redis_server):
         {first: unit(1, 0), second: unit(0.95, 0.312), query: unit(0.99, 0.141), negated: unit(0.7, 0.714)}
     )
     table = TableClassifier({(first, query): 0.2, (second, query): 0.9, (second, negated): 0.1})
-    c = SemanticResponseCache(
-        redis_server,
-        f"fp-{uuid.uuid4().hex[:8]}",
-        emb,
-        threshold=0.8,
-        low_threshold=0.6,
-        verifier=None,
-        pair_check=PairCheck(table, min_probability=0.5, max_scored=2),
-    )
+    c = two_band_cache(redis_server, emb, table)
     try:
         assert c.store(first, "t", GREEDY, " one") and c.store(second, "t", GREEDY, " two")
         hit = c.lookup(query, "t", GREEDY)
@@ -289,15 +294,7 @@ def test_the_next_candidate_is_scored_in_the_same_pass(redis_server):
         }
     )
     table = BatchRecorder({(first, query): 0.2, (second, query): 0.9, (negated, query): 0.99})
-    c = SemanticResponseCache(
-        redis_server,
-        f"fp-{uuid.uuid4().hex[:8]}",
-        emb,
-        threshold=0.8,
-        low_threshold=0.6,
-        verifier=None,
-        pair_check=PairCheck(table, min_probability=0.5, max_scored=2),
-    )
+    c = two_band_cache(redis_server, emb, table)
     try:
         assert c.store(first, "t", GREEDY, " one") and c.store(second, "t", GREEDY, " two")
         hit = c.lookup(query, "t", GREEDY)
