@@ -40,6 +40,9 @@ class CoalescerConfig:
     max_texts: int = 64
     # what a pass computes, for its errors (the pair classifier shares this group commit: "pair scoring")
     what: str = "embedding"
+    # the rows' dtype: float32 vectors; the pair classifier's float64 probabilities keep their precision,
+    # so a shared pass decides at a cut exactly as the classifier alone does
+    dtype: type = np.float32
 
 
 class EmbeddingFailed(RuntimeError):
@@ -83,10 +86,10 @@ class CoalescingEmbedder:
         self._running = False
 
     def embed(self, texts: list[str] | tuple[str, ...]) -> np.ndarray:
-        """float32 (len(texts), dim): this call's rows, in order, of the pass that embedded them."""
+        """(len(texts), dim) in the config's dtype: this call's rows, in order, of the pass that made them."""
         call = _Call(list(texts))
         if not call.texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=self.config.dtype)
         with self._cond:
             self.stats.calls += 1
             self.stats.queued += self._running
@@ -143,7 +146,7 @@ class CoalescingEmbedder:
                 led = True  # before the mark: unmarking a pass not marked is harmless, the reverse wedges
                 self._running = True
             texts = [text for c in batch for text in c.texts]
-            rows = np.asarray(self.inner.embed(texts), dtype=np.float32)
+            rows = np.asarray(self.inner.embed(texts), dtype=self.config.dtype)
             if rows.shape != (len(texts), self.dim):
                 raise ValueError(f"the embedder gave {rows.shape} for {len(texts)} texts of dim {self.dim}")
         except Exception as exc:  # handed to every caller of this pass

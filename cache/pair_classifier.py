@@ -248,11 +248,12 @@ class CoalescingPairClassifier:
         from cache.embed_coalescer import CoalescerConfig, CoalescingEmbedder
 
         self.classifier = classifier
-        self._group = CoalescingEmbedder(_PairsAsRows(classifier), CoalescerConfig(max_pairs, "pair scoring"))
+        config = CoalescerConfig(max_pairs, "pair scoring", np.float64)
+        self._group = CoalescingEmbedder(_PairsAsRows(classifier), config)
 
     def probability(self, pairs: list[tuple[str, str]]) -> np.ndarray:
         """As PairClassifier.probability; a failed shared pass raises EmbeddingFailed (its cause chained)."""
-        return self._group.embed(list(pairs))[:, 0].astype(np.float64)
+        return self._group.embed(list(pairs))[:, 0]
 
     def snapshot(self) -> dict[str, int]:
         """calls, queued, passes, texts (pairs) and errors: how many lookups each model pass served."""

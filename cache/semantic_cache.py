@@ -745,6 +745,10 @@ class Candidate:
             )
         return self._x
 
+    def same_text(self) -> bool:
+        """The stored question is the query up to case and spacing: served without the model."""
+        return _folded(self.prompt) == _folded(self.query.prompt)
+
     def pair_probability(self, classifier: PairClassifier) -> float:
         """The cross-encoder's probability that the stored question's answer serves the query."""
         if self._pair is None:
@@ -760,7 +764,7 @@ def score_pairs(cands: list[Candidate], classifier: PairClassifier) -> None:
     need = []
     for cand in cands:
         if cand._pair is None:
-            if _folded(cand.prompt) == _folded(cand.query.prompt):
+            if cand.same_text():
                 cand._pair = 1.0
             else:
                 need.append(cand)
@@ -814,7 +818,7 @@ class _PairScorer:
         self.used += 1
         try:
             together = [cand]
-            if cand._pair is None and self.used < self.check.max_scored:
+            if cand._pair is None and self.used < self.check.max_scored and not cand.same_text():
                 later = next((c for c in after if c.score < floor or self._may_score(c)), None)
                 together += [later] if later is not None and later.score >= floor else []
             score_pairs(together, self.check.classifier)
