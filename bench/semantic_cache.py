@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import progress
 from cache.embedder import MiniLMEmbedder
 from cache.pair_classifier import DEFAULT_WEIGHTS as PAIR_WEIGHTS
 from cache.pair_classifier import PairClassifier
@@ -461,10 +462,6 @@ def pooled(points: list[Point]) -> Point:
         pair_min=first.pair_min,
         overrule=first.overrule,
     )
-
-
-def progress(what: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {what}", flush=True)
 
 
 def out_of_fold_points(pairs, ranked, fit_on, tuning, highs, lows, cuts, pair_checks) -> list[Point]:
