@@ -463,3 +463,13 @@ def test_a_store_that_fails_before_reaching_redis_leaves_the_breakers_probe(cach
         cache.store(QUESTION, "t", GREEDY, "an answer", embedding=np.ones(7, dtype=np.float32))
     assert cache.store(QUESTION, "t", GREEDY, "an answer")
     assert cache.breaker.state is BreakerState.CLOSED
+
+
+def test_the_engines_semantic_defaults_are_the_benchmarks_choice():
+    """The bench's chosen threshold and pair cut live in cache/semantic_cache.py; the engine's config
+    (kept free of the cache's imports) repeats them, and this keeps the two from drifting apart."""
+    from cache.semantic_cache import DEFAULT_PAIR_MIN, DEFAULT_THRESHOLD
+    from engine.config import EngineConfig
+
+    config = EngineConfig()
+    assert (config.semantic_threshold, config.semantic_pair_min) == (DEFAULT_THRESHOLD, DEFAULT_PAIR_MIN)
