@@ -6,12 +6,17 @@ to a request that asked for randomness would silently take the randomness away.
 The key is SHA-256 over a canonical JSON document of the model fingerprint, the tenant and every
 parameter that changes the generated text, then the prompt token ids packed as little-endian int64, so
 two processes (or machines) with the same model compute the same key, and tenants never share an entry.
+`max_tokens` is checked against the entry instead of hashed: it does not change the tokens, only where
+they stop. An entry holds the answer's token ids and whether it ended on its own (EOS or a stop string):
+it serves a request allowed fewer tokens with its first ones, and one allowed more only when it ended
+(`ExactAnswer.within`). A warmup answer of 512 tokens then serves every client's budget up to 512, and
+every budget at all if it ended; keyed by budget, it served only clients asking exactly 512.
 Packing the ids rather than writing them into the JSON made the key 3.6x cheaper to hash at 256 tokens
 (25 -> 7 us on the CI VM) and 7.5x at 2000 (157 -> 21 us); it is hashed on every request's arrival.
 Parameters that do not change the text (stream, tier, arrival time) stay out of the key so they do
 not split the cache.
 
-Values are JSON with a format version and a checksum over (key, text): never pickle, since Redis is a
+Values are JSON with a format version and a checksum over (key, answer): never pickle, since Redis is a
 shared store and unpickling its bytes would run whatever someone put there. A value that fails the
 check (bit rot, truncation, a value copied under another tenant's key) is deleted and counted.
 
@@ -43,8 +48,10 @@ from cache.wrong_type import is_wrong_type
 from cache.key_directory import INDEX_DROPPED, KeyDirectory, renew_listed, write_announced
 from scheduler.messages import EngineRequestParams
 
-FORMAT_VERSION = 1
-KEY_PREFIX = "llm:resp:exact:v2"  # v2: ids packed, not in the JSON; v1 entries are never read, expire by TTL
+FORMAT_VERSION = 2  # 2: token ids, trim and ended (1: the text)
+# v3: max_tokens out of the key; v2 (ids packed, not in the JSON) and v1 entries are never read, expire by TTL
+KEY_PREFIX = "llm:resp:exact:v3"
+MAX_TOKEN_ID = (1 << 31) - 1
 INDEX_PREFIX = "llm:resp:exact-index:v2"  # a tenant quota's index: under no model's namespace, any fp
 
 
@@ -63,6 +70,8 @@ class ExactCacheStats:
     local_misses: int = 0  # misses the key directory answered without asking Redis
     corrupt: int = 0  # values that failed version/checksum validation (deleted)
     uncacheable: int = 0  # get/put calls for non-deterministic requests
+    shorter: int = 0  # misses on an entry that stopped at a smaller max_tokens (counted in misses too)
+    kept: int = 0  # refresh writes not made: the entry there served more budgets
     stores: int = 0
     quota_evictions: int = 0  # answers the tenant quota deleted (the tenant's least recently used)
     renewals: int = 0  # hits told to Redis, so that the quota trims by last use (only with a quota)
@@ -92,6 +101,54 @@ def sampling_signature(params: EngineRequestParams) -> dict[str, Any]:
         "stop": [str(s) for s in params.stop],
         "ignore_eos": bool(params.ignore_eos),
     }
+
+
+def exact_signature(params: EngineRequestParams) -> dict[str, Any]:
+    """What the exact key holds of the sampling: all but `max_tokens`, which the entry is checked against."""
+    signature = sampling_signature(params)
+    del signature["max_tokens"]
+    return signature
+
+
+@dataclass(frozen=True)
+class ExactAnswer:
+    """An answer as the engine sent it: the generated token ids, the raw bytes a stop string trimmed off
+    their end, and whether it ended on its own (EOS or a stop string) rather than at a length limit
+    (`max_tokens`, or a slot's end)."""
+
+    ids: tuple[int, ...]
+    trim: int = 0
+    ended: bool = False
+
+    def within(self, max_tokens: int) -> ExactAnswer | None:
+        """The answer of the same request allowed `max_tokens` new tokens, or None when this one stopped
+        short of that without ending. Its first `max_tokens` tokens, untrimmed: a stop string found
+        later than them was not in them (the engine looks for one after every token), and seeded sampling
+        draws from the request's own generator, token by token."""
+        if max_tokens < len(self.ids):
+            return ExactAnswer(self.ids[:max_tokens])
+        if self.ended or max_tokens == len(self.ids):
+            return self
+        return None
+
+    def document(self) -> list[Any]:
+        return [list(self.ids), self.trim, self.ended]
+
+    @classmethod
+    def from_document(cls, doc: Any) -> ExactAnswer | None:
+        """The answer `document()` wrote, or None for anything else (a wrong type, an id out of range)."""
+        if not (isinstance(doc, list) and len(doc) == 3):
+            return None
+        ids, trim, ended = doc
+        if not (isinstance(ids, list) and isinstance(ended, bool) and _small_int(trim, 1 << 20)):
+            return None
+        if not all(_small_int(i, MAX_TOKEN_ID) for i in ids):
+            return None
+        return cls(tuple(ids), trim, ended)
+
+
+def _small_int(value: Any, most: int) -> bool:
+    return type(value) is int and 0 <= value <= most
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -130,7 +187,7 @@ def sha256_hex(*parts: bytes) -> str:
 
 def exact_key(fingerprint: str, prompt_ids: Sequence[int], params: EngineRequestParams) -> str:
     """The exact cache's key of a prompt; the scheduler step hashes it on arrival, the engine to check it."""
-    doc = {"fp": fingerprint, "tenant": params.tenant, "sampling": sampling_signature(params)}
+    doc = {"fp": fingerprint, "tenant": params.tenant, "sampling": exact_signature(params)}
     ids = struct.pack(f"<{len(prompt_ids)}q", *prompt_ids)
     digest = sha256_hex(canonical_json(doc), ids)
     return f"{exact_namespace(fingerprint)}:{tenant_tag(params.tenant)}:{digest}"
@@ -234,7 +291,7 @@ class RedisCacheBase:
 
 
 class ExactResponseCache(RedisCacheBase):
-    """get/put of whole generated texts keyed by (fingerprint, tenant, prompt ids, sampling)."""
+    """get/put of generated answers keyed by (fingerprint, tenant, prompt ids, sampling but max_tokens)."""
 
     def __init__(
         self,
@@ -242,7 +299,7 @@ class ExactResponseCache(RedisCacheBase):
         fingerprint: str,
         ttl_s: int = 86400,
         timeout_s: float = 0.05,
-        max_text_bytes: int = 1 << 20,
+        max_value_bytes: int = 1 << 20,
         breaker: CircuitBreaker | None = None,
         directory: KeyDirectory | None = None,
         tenant_max_entries: int = 0,
@@ -254,7 +311,7 @@ class ExactResponseCache(RedisCacheBase):
         self.fingerprint = fingerprint
         self.namespace = exact_namespace(fingerprint)
         self.ttl_s = redis_ttl(ttl_s)
-        self.max_text_bytes = max_text_bytes
+        self.max_value_bytes = max_value_bytes
         self.tenant_max_entries = int(tenant_max_entries)
 
     # -- keys and values -------------------------------------------------------------------------
@@ -277,21 +334,23 @@ class ExactResponseCache(RedisCacheBase):
         return key if key.startswith(self.namespace + ":") else None
 
     @staticmethod
-    def _checksum(key: str, text: str) -> str:
-        return sha256_hex(key.encode("utf-8"), text.encode("utf-8"))
+    def _checksum(key: str, answer: ExactAnswer) -> str:
+        return sha256_hex(key.encode("utf-8"), canonical_json(answer.document()))
 
-    def encode_value(self, key: str, text: str) -> bytes:
-        return canonical_json({"v": FORMAT_VERSION, "text": text, "sum": self._checksum(key, text)})
+    def encode_value(self, key: str, answer: ExactAnswer) -> bytes:
+        return canonical_json(
+            {"v": FORMAT_VERSION, "answer": answer.document(), "sum": self._checksum(key, answer)}
+        )
 
-    def decode_value(self, key: str, raw: bytes) -> str | None:
-        """The text, or None when the value is not one we wrote for this key."""
+    def decode_value(self, key: str, raw: bytes) -> ExactAnswer | None:
+        """The answer, or None when the value is not one we wrote for this key."""
         doc = load_json_object(raw)
         if doc is None or doc.get("v") != FORMAT_VERSION:
             return None
-        text = doc.get("text")
-        if not isinstance(text, str) or doc.get("sum") != self._checksum(key, text):
+        answer = ExactAnswer.from_document(doc.get("answer"))
+        if answer is None or doc.get("sum") != self._checksum(key, answer):
             return None
-        return text
+        return answer
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -301,8 +360,10 @@ class ExactResponseCache(RedisCacheBase):
         params: EngineRequestParams,
         key: str | None = None,
         count_hit: bool = True,
-    ) -> str | None:
-        """`key`: `key(prompt_ids, params)` when the caller has it already (hashing 2000 ids takes ~21 us).
+    ) -> ExactAnswer | None:
+        """The answer for `params.max_tokens` (`ExactAnswer.within`); an entry that stopped at a smaller
+        budget without ending is a miss (`shorter`), and the answer computed for this one replaces it.
+        `key`: `key(prompt_ids, params)` when the caller has it already (hashing 2000 ids takes ~21 us).
         `count_hit` off: a hit is left for the caller to count (`count_hit`) once it checked the key: a
         counter taken back would run backwards, which Prometheus counters never do."""
         if not self.cacheable(params):
@@ -329,12 +390,16 @@ class ExactResponseCache(RedisCacheBase):
             self._forget(key)
             self._count("misses")
             return None
-        text = self.decode_value(key, raw)
-        if text is None:
+        stored = self.decode_value(key, raw)
+        if stored is None:
             return self._reject(key)
-        if count_hit:
+        answer = stored.within(params.max_tokens)
+        if answer is None:
+            self._count("misses")
+            self._count("shorter")
+        elif count_hit:
             self._count("hits")
-        return text
+        return answer
 
     def count_hit(self) -> None:
         """A hit `get(count_hit=False)` returned, counted once its key was found to be the prompt's."""
@@ -348,17 +413,27 @@ class ExactResponseCache(RedisCacheBase):
         self._delete_quietly(key)
 
     def put(
-        self, prompt_ids: Sequence[int], params: EngineRequestParams, text: str, key: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: EngineRequestParams,
+        answer: ExactAnswer,
+        key: str | None = None,
+        unread: bool = False,
     ) -> bool:
-        """`key`: as for `get`."""
+        """`key`: as for `get`. An answer written after a miss replaces the entry it missed on (it covers
+        more budgets). `unread`: the request did not read the entry (`cache=refresh`, the warmup job's),
+        so it is read first and kept when it covers more: a warmup run with a small `max_tokens` must not
+        cut the answers clients are served down to its budget (`kept`)."""
         if not self.cacheable(params):
             self._count("uncacheable")
             return False
-        value_text = str(text)
-        if len(value_text.encode("utf-8")) > self.max_text_bytes:
-            return False
         key = key or self.key(prompt_ids, params)
-        value = self.encode_value(key, value_text)
+        value = self.encode_value(key, answer)
+        if len(value) > self.max_value_bytes:
+            return False
+        if unread and self._covers_more(key, answer):
+            self._count("kept")
+            return False
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
             return False
         index = self.tenant_index(params.tenant) if self.tenant_max_entries else None
@@ -382,6 +457,25 @@ class ExactResponseCache(RedisCacheBase):
             self.directory.add([key])
         self._count("stores")
         return True
+
+    def _covers_more(self, key: str, answer: ExactAnswer) -> bool:
+        """Whether the entry under `key` serves a budget `answer` does not (False when there is none, it
+        is unreadable, or Redis is unavailable: then the write goes ahead or fails as any other)."""
+        if not self.breaker.allow():
+            return False
+        try:
+            raw = self.client.get(key)
+        except self._redis_errors as exc:
+            if is_wrong_type(exc):  # Redis answered; the SET replaces the bad value
+                self.breaker.record_success()
+            else:
+                self._fail()
+            return False
+        self.breaker.record_success()
+        stored = None if raw is None else self.decode_value(key, raw)
+        if stored is None or answer.ended:
+            return False
+        return stored.ended or len(stored.ids) > len(answer.ids)
 
     def renew(self, keys: Sequence[str], tenant: str) -> bool:
         """With a tenant quota: mark the tenant's answers `keys` (hits) as just used, with a fresh TTL, so

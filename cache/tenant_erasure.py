@@ -38,9 +38,13 @@ TAKEN = ":erasing:"  # an index set an erasure took over: `<index>:erasing:<id>`
 
 # Entries of earlier key formats are never read again and expire by their TTL, but hold the tenant's
 # answers until then: an erasure deletes them too.
-# v1 names, as the v1 code wrote them: exact `llm:resp:exact:v1:<fp>:<tag>:<hash>`, semantic
-# `llm:resp:sem:v1:{<fp>:<tag>}:emb|doc|age|ver` (the braces are the keys' hash tag, literal in a pattern)
-LEGACY_PATTERNS = {"exact": "llm:resp:exact:v1:*:{tag}:*", "semantic": "llm:resp:sem:v1:{{*:{tag}}}:*"}
+# Names as the earlier code wrote them: exact `llm:resp:exact:v1|v2:<fp>:<tag>:<hash>` (v2: max_tokens in
+# the key), semantic `llm:resp:sem:v1:{<fp>:<tag>}:emb|doc|age|ver` (the braces are the keys' hash tag,
+# literal in a pattern)
+LEGACY_PATTERNS = {
+    "exact": ("llm:resp:exact:v1:*:{tag}:*", "llm:resp:exact:v2:*:{tag}:*"),
+    "semantic": ("llm:resp:sem:v1:{{*:{tag}}}:*",),
+}
 
 
 def tenant_patterns(tenant: str) -> dict[str, tuple[str, ...]]:
@@ -51,7 +55,10 @@ def tenant_patterns(tenant: str) -> dict[str, tuple[str, ...]]:
         "exact": (f"{EXACT_PREFIX}:*:{tag}:*", f"{EXACT_INDEX_PREFIX}:*:{tag}"),
         "semantic": (f"{SEMANTIC_PREFIX}:{{*:{tag}}}:*",),  # the braces are the keys' hash tag, literal here
     }
-    return {cache: (*found, LEGACY_PATTERNS[cache].format(tag=tag)) for cache, found in current.items()}
+    return {
+        cache: (*found, *(pattern.format(tag=tag) for pattern in LEGACY_PATTERNS[cache]))
+        for cache, found in current.items()
+    }
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,7 @@ class Engine:
 
     def _answered(self, request: EngineRequest, found: ResponseLookup) -> bool:
         if found.tokens is not None:  # [] is a hit too: an answer whose first token ended it
-            self._answer_from_cache(request, found.tokens)
+            self._answer_from_cache(request, found.tokens, found.trim)
             return True
         request.response_key = found.key
         return False
@@ -255,11 +255,11 @@ class Engine:
         request.priority = max(request.priority, priority)
         request.deadline_ns = max(request.deadline_ns, deadline_ns)
 
-    def _answer_from_cache(self, request: EngineRequest, output: list[int]) -> None:
+    def _answer_from_cache(self, request: EngineRequest, output: list[int], trim: int) -> None:
         """A response-cache hit: one final window, no slot, no model call."""
         params = request.params
         window = output if params.stream or params.exclude_input_in_output else request.prompt_ids + output
-        request.sink.send(window, 0, True, 0)
+        request.sink.send(window, 0, True, trim)
         self.stats.count_finish("cached")
         self.observer.on_first_token(params.tier, since_received_s(request))
         self.observer.on_finish(params.tier, "cached", len(output))
@@ -774,6 +774,7 @@ class Engine:
                 trim,
                 request.response_key,
                 paraphrases=not cut,
+                ended=state.done == "stop",
             )
         if params.stream:
             if ready <= state.sent and not final:

@@ -3,8 +3,9 @@
 Exact first; then, when enabled, the semantic cache (a paraphrase of an answered question, same
 tenant, same sampling signature, past the negation/entity guard).
 
-The hit still streams through the ensemble (the cached text goes back to token ids, which the
-detokenizer turns into text like any other response). Only greedy or seeded requests are
+The hit still streams through the ensemble: an exact hit as the token ids (and stop-string trim) the
+engine sent, cut to the request's max_tokens; a semantic hit's text goes back to token ids. The
+detokenizer turns them into text like any other response. Only greedy or seeded requests are
 cacheable (cache/response_cache.py decides). Results are written by a background thread so the
 engine loop never waits on Redis.
 
@@ -34,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cache.response_cache import ExactResponseCache
+from cache.response_cache import ExactAnswer, ExactResponseCache
 from cache.sightings import Sightings
 from cache.stamps import Stamps
 from cache.semantic_cache import SemanticResponseCache
@@ -56,11 +57,13 @@ class ResponseKey:
 
 @dataclass
 class ResponseLookup:
-    """A lookup's answer (token ids) or None, and the exact key (None: not cacheable), which the
-    request carries to `remember` so that its write does not hash the prompt again."""
+    """A lookup's answer (token ids, and the raw bytes a stop string trims off their end) or None, and
+    the exact key (None: not cacheable), which the request carries to `remember` so that its write does
+    not hash the prompt again."""
 
     tokens: list[int] | None
     key: ResponseKey | None
+    trim: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class _Answer:
     params: EngineRequestParams
     output: list[int]
     trim: int
+    ended: bool  # on EOS or a stop string, not at a length limit
     key: ResponseKey | None
     exact: bool | None
     paraphrases: bool = True  # whether the semantic cache may keep it for other prompts
@@ -148,19 +152,21 @@ class ResponseTier:
             return ResponseLookup(None, None)
         began = time.perf_counter()
         key = self._request_key(prompt_ids, params)
-        text = self.cache.get(prompt_ids, params, key.value, count_hit=key.checked)
-        if text is not None and not key.checked:
+        answer = self.cache.get(prompt_ids, params, key.value, count_hit=key.checked)
+        if answer is not None and not key.checked:
             key, matched = self._checked(key, prompt_ids, params)
             if matched:
                 self.cache.count_hit()
             else:  # another prompt's answer, never served nor counted: the prompt's own is asked for
-                text = self.cache.get(prompt_ids, params, key.value)
-        if text is None and semantic:
+                answer = self.cache.get(prompt_ids, params, key.value)
+        if answer is None and semantic:
             self._spent(began)
             return self.lookup_semantic(prompt_ids, params, key)
-        if text is not None:
+        if answer is None:
+            found = ResponseLookup(None, key)
+        else:
             self._renew(key.value, params.tenant)
-        found = ResponseLookup(None if text is None else self.encode(text), key)
+            found = ResponseLookup(list(answer.ids), key, answer.trim)
         self._spent(began)
         return found
 
@@ -220,16 +226,19 @@ class ResponseTier:
         trim: int,
         key: ResponseKey | None = None,
         paraphrases: bool = True,
+        *,
+        ended: bool,
     ) -> None:
-        """Write the answer behind; `key`: the one the request's `lookup` returned, if any; `paraphrases`:
-        whether it answers other wordings too (the semantic cache), not only this prompt."""
+        """Write the answer behind; `ended`: on EOS or a stop string (it serves every larger budget);
+        `key`: the one the request's `lookup` returned, if any; `paraphrases`: whether it answers other
+        wordings too (the semantic cache), not only this prompt."""
         if not self.cache.cacheable(params):
             return
         began = time.perf_counter()
         exact = None if key is None else self._admit(key.value, params)
         semantic = self.semantic is not None and paraphrases
         if exact is not False or semantic:  # else nothing to write: the writer sleeps on
-            self._writes.submit(_Answer(prompt_ids, params, output, trim, key, exact, paraphrases))
+            self._writes.submit(_Answer(prompt_ids, params, output, trim, ended, key, exact, paraphrases))
         self._spent(began)
 
     def _admit(self, key: str, params: EngineRequestParams) -> bool:
@@ -277,11 +286,13 @@ class ResponseTier:
         semantic = self.semantic is not None and item.paraphrases
         if not exact and not semantic:
             return
-        # trimmed in the raw bytes, as the detokenizer trims what it sends: `trim` counts raw bytes, and a
-        # character cut by the stop string is one U+FFFD (3 bytes) once sanitized
-        answer = self.token_bytes(item.output, item.trim).decode("utf-8", errors="replace")
         if exact:
-            self.cache.put(item.prompt_ids, item.params, answer, key.value)
+            answer = ExactAnswer(tuple(item.output), item.trim, item.ended)
+            unread = not item.params.reads_response_cache
+            self.cache.put(item.prompt_ids, item.params, answer, key.value, unread=unread)
         if semantic:
+            # trimmed in the raw bytes, as the detokenizer trims what it sends: `trim` counts raw bytes, and
+            # a character cut by the stop string is one U+FFFD (3 bytes) once sanitized
+            text = self.token_bytes(item.output, item.trim).decode("utf-8", errors="replace")
             question, variant = self.prompt_text(item.prompt_ids)
-            self.semantic.store(question, item.params.tenant, item.params, answer, variant=variant)
+            self.semantic.store(question, item.params.tenant, item.params, text, variant=variant)

@@ -115,3 +115,13 @@ def wait_for(predicate, timeout_s=30.0, interval_s=0.05):
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+def answer(text: str):
+    """An exact-cache answer that ended (EOS), a token id per word of `text` (CRC-32 of the word, under
+    2**16): for tests that store and read answers directly and compare what comes back."""
+    import zlib
+
+    from cache.response_cache import ExactAnswer
+
+    return ExactAnswer(tuple(zlib.crc32(word.encode()) % 65536 for word in text.split()), 0, True)

@@ -18,6 +18,7 @@ from engine.warmup import run_warmup
 from scheduler.errors import RequestError
 from scheduler.messages import EngineRequestParams
 from scheduler.tiers import TierTable
+from tests.conftest import answer
 
 BUCKETS = (8, 16, 32, 64)
 EOS = 2
@@ -489,7 +490,7 @@ def test_an_empty_cached_answer_is_served_not_generated_again(model, redis_serve
     try:
         sink = RecordingSink()
         req = request([1, 5, 6], sink, temperature=0.0, stream=False)
-        assert exact.put(req.prompt_ids, req.params, "")
+        assert exact.put(req.prompt_ids, req.params, answer(""))
         engine.submit(req)
         run_until_idle(engine)
         assert engine.stats.finished.get("cached") == 1 and engine.stats.prefill_steps == 0

@@ -19,7 +19,7 @@ from cache.response_cache import ExactResponseCache, exact_namespace
 from deploy.launch import find_free_port, start_redis_server
 from engine.kv_tiers import LAYOUT, L3Tier
 from scheduler.messages import EngineRequestParams
-from tests.conftest import wait_for
+from tests.conftest import wait_for, answer
 
 EXACT_NS = exact_namespace("fp-dir")
 GREEDY = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="tenant-a")
@@ -86,10 +86,10 @@ def test_another_writers_announcement_arrives_and_a_miss_sends_no_get(redis_serv
         assert reader.get(prompt, GREEDY) is None
         assert gets(raw) == before, "a key no one wrote is a local miss"
         assert reader.stats.local_misses == 1 and reader.stats.misses == 1
-        assert writer.put(prompt, GREEDY, "the answer")
+        assert writer.put(prompt, GREEDY, answer("the answer"))
         key = writer.key(prompt, GREEDY)
         assert wait_for(lambda: reader.directory.contains(key), 10), "the announcement never arrived"
-        assert reader.get(prompt, GREEDY) == "the answer"
+        assert reader.get(prompt, GREEDY) == answer("the answer")
         other_tenant = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="tenant-b")
         assert reader.get(prompt, other_tenant) is None, "another tenant's key is not announced"
     finally:
@@ -102,7 +102,7 @@ def written(redis_server):
     """An exact cache that follows the directory, a prompt whose answer it just wrote, and its key."""
     cache = ExactResponseCache(redis_server, "fp-dir", directory=started(redis_server, EXACT_NS))
     prompt = [int(x) for x in uuid.uuid4().bytes]
-    assert cache.put(prompt, GREEDY, "an answer")
+    assert cache.put(prompt, GREEDY, answer("an answer"))
     key = cache.key(prompt, GREEDY)
     assert cache.directory.contains(key), "a local write is known at once"
     yield cache, prompt, key
@@ -302,7 +302,9 @@ def test_a_redis_that_refuses_channels_still_stores_and_its_directories_defer(
         admin.publish(announce_channel(namespace), "x")
     exact = ExactResponseCache(url, "fp-acl", timeout_s=0.5)
     prompt = [int(x) for x in uuid.uuid4().bytes]
-    assert exact.put(prompt, GREEDY, "stored anyway") and exact.get(prompt, GREEDY) == "stored anyway"
+    assert exact.put(prompt, GREEDY, answer("stored anyway")) and exact.get(prompt, GREEDY) == answer(
+        "stored anyway"
+    )
     assert exact.stats.errors == 0 and exact.breaker.allow(), "a refused announcement is no failure"
     store = RedisKVStore(url, namespace, timeout_s=0.5)
     assert store.put_chain([b"k1", b"k2"], [torch.zeros(1, 2, 1, 4, 2)] * 2, META) == 2

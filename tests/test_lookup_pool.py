@@ -139,7 +139,7 @@ def test_cache_hits_answered_on_two_threads_are_all_counted(model):  # noqa: F81
     n, switch = 20000, sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=lambda: [engine._answer_from_cache(hit, [0]) for _ in range(n)])
+        threads = [threading.Thread(target=lambda: [engine._answer_from_cache(hit, [0], 0) for _ in range(n)])
                    for _ in range(2)]  # fmt: skip
         for thread in threads:
             thread.start()

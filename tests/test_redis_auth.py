@@ -19,7 +19,7 @@ from cache.traffic_stats import TrafficStatsStore
 from client.__main__ import main
 from deploy.launch import find_free_port
 from scheduler.messages import EngineRequestParams
-from tests.conftest import wait_for
+from tests.conftest import wait_for, answer
 from tests.test_cache_report import metrics_url  # noqa: F401  (the fixture)
 from tests.test_redis_kv_store import META, _block, _keys
 
@@ -70,7 +70,7 @@ def exercise_every_client(url: str) -> None:
     store = RedisKVStore(url, namespace, timeout_s=0.5, directory=directory)
     traffic = TrafficStatsStore(url, "m", "fp")
     try:
-        assert exact.put([1, 2], GREEDY, "hello") and exact.get([1, 2], GREEDY) == "hello"
+        assert exact.put([1, 2], GREEDY, answer("hello")) and exact.get([1, 2], GREEDY) == answer("hello")
         assert wait_for(lambda: directory.synced, 10.0)
         keys = _keys(2)
         assert store.put_chain(keys, [_block(1), _block(2)], META, tenant="t") == 2
@@ -90,7 +90,7 @@ def assert_unavailable_not_failing(url: str) -> str | None:
     exact = ExactResponseCache(url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     store = RedisKVStore(url, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     try:
-        assert not exact.put([1, 2], GREEDY, "hello") and exact.get([1, 2], GREEDY) is None
+        assert not exact.put([1, 2], GREEDY, answer("hello")) and exact.get([1, 2], GREEDY) is None
         assert store.put_chain(_keys(1), [_block(1)], META) == 0 and store.get(_keys(1)[0], META) is None
         assert exact.snapshot()["errors"] == 2 and store.stats.errors == 2
         return store.last_error

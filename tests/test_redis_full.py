@@ -19,6 +19,7 @@ from cache.response_cache import ExactResponseCache
 from deploy.launch import find_free_port, start_redis_server
 from scheduler.messages import EngineRequestParams
 from tests.test_redis_kv_store import META, FakeClock, _block, _keys
+from tests.conftest import answer
 
 OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 GREEDY = EngineRequestParams(max_tokens=8)
@@ -95,15 +96,15 @@ def test_a_read_only_replica_refuses_answers_and_blocks_yet_serves_the_cached_on
     store = RedisKVStore(url, f"test:kv:{uuid.uuid4().hex[:8]}", timeout_s=0.5, tenant_max_blocks=8)
     try:
         kept = _keys(1)
-        assert cache.put([1, 2, 3], GREEDY, "kept before the failover")
+        assert cache.put([1, 2, 3], GREEDY, answer("kept before the failover"))
         assert store.put_chain(kept, [_block(1)], META, tenant="acme") == 1
         _make_replica(client)
         for i in range(6):  # more than the breaker's failure threshold, with the writer's renewals
-            assert not cache.put([9, i], GREEDY, "refused")
+            assert not cache.put([9, i], GREEDY, answer("refused"))
             assert store.put_chain(_keys(1), [_block(2)], META, tenant="acme") == 0
             cache.full.clock = store.full.clock = lambda: 1e9 + i * 10  # each write past the last pause
             store.renew(kept, "acme")
-        assert cache.get([1, 2, 3], GREEDY) == "kept before the failover"
+        assert cache.get([1, 2, 3], GREEDY) == answer("kept before the failover")
         torch.testing.assert_close(store.get(kept[0], META), _block(1))
         assert cache.snapshot()["readonly_refusals"] >= 1 and cache.snapshot()["errors"] == 0
         stats = store.stats
@@ -136,11 +137,11 @@ def test_a_full_redis_refuses_an_exact_answer_yet_still_serves_the_cached_ones(s
     url, client = small_redis
     cache = ExactResponseCache(url, fingerprint=f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     try:
-        assert cache.put([1, 2, 3], GREEDY, "kept before the fill")
+        assert cache.put([1, 2, 3], GREEDY, answer("kept before the fill"))
         _fill(client)
         for i in range(6):  # more than the breaker's failure threshold
-            assert not cache.put([9, i], GREEDY, "no room")
-        assert cache.get([1, 2, 3], GREEDY) == "kept before the fill"  # the breaker did not open
+            assert not cache.put([9, i], GREEDY, answer("no room"))
+        assert cache.get([1, 2, 3], GREEDY) == answer("kept before the fill")  # the breaker did not open
         stats = cache.snapshot()
         assert (stats["full_refusals"], stats["full_skips"], stats["errors"]) == (1, 5, 0)
         assert cache.breaker.allow()
@@ -179,11 +180,14 @@ def test_a_paused_write_leaves_the_breakers_probe_and_a_refusal_closes_it(small_
         for gate in (cache.full, store.full):
             gate.clock = clock
             assert gate.refused(OOM)
-        assert not cache.put([9, 1], GREEDY, "paused") and store.put_chain(_keys(1), [_block(1)], META) == 0
+        assert (
+            not cache.put([9, 1], GREEDY, answer("paused"))
+            and store.put_chain(_keys(1), [_block(1)], META) == 0
+        )
         assert breaker.allow()  # the probe was still there
         breaker.record_failure()
         clock.now = 10.0  # half-open again, the pause over: this write is the probe, and Redis refuses it
-        assert not cache.put([9, 2], GREEDY, "refused")
+        assert not cache.put([9, 2], GREEDY, answer("refused"))
         assert breaker.state is BreakerState.CLOSED
         clock.now = 16.0
         breaker.record_failure()

@@ -17,12 +17,14 @@ from cache.response_cache import (
     canonical_json,
     exact_namespace,
     is_deterministic,
-    sampling_signature,
+    ExactAnswer,
+    exact_signature,
+    sha256_hex,
 )
 from deploy.launch import find_free_port
 from engine.response_tier import ResponseTier
 from scheduler.messages import EngineRequestParams
-from tests.conftest import wait_for
+from tests.conftest import wait_for, answer
 from tests.test_redis_kv_store import FakeClock
 
 PROMPT = [1, 15, 27, 99, 3]
@@ -38,8 +40,8 @@ def cache(redis_server):
 def test_roundtrip_and_stats(cache):
     params = EngineRequestParams(max_tokens=8)
     assert cache.get(PROMPT, params) is None
-    assert cache.put(PROMPT, params, "hello world")
-    assert cache.get(PROMPT, params) == "hello world"
+    assert cache.put(PROMPT, params, answer("hello world"))
+    assert cache.get(PROMPT, params) == answer("hello world")
     s = cache.snapshot()
     assert (s["hits"], s["misses"], s["stores"], s["errors"]) == (1, 1, 1, 0)
 
@@ -47,7 +49,6 @@ def test_roundtrip_and_stats(cache):
 @pytest.mark.parametrize(
     "change",
     [
-        {"max_tokens": 9},
         {"temperature": 0.5},
         {"temperature": 0.0},
         {"top_p": 0.9},
@@ -58,7 +59,7 @@ def test_roundtrip_and_stats(cache):
         {"tenant": "other"},
     ],
 )
-def test_key_changes_with_every_sampling_parameter_and_tenant(cache, change):
+def test_key_changes_with_every_sampling_parameter_but_max_tokens_and_with_the_tenant(cache, change):
     base = EngineRequestParams(max_tokens=8, temperature=0.7, seed=3)
     assert cache.key(PROMPT, base) != cache.key(PROMPT, dataclasses.replace(base, **change))
 
@@ -96,7 +97,7 @@ def test_sampling_without_seed_is_not_cacheable(cache):
     assert not cache.cacheable(sampled) and not is_deterministic(sampled)
     assert cache.cacheable(EngineRequestParams(temperature=0.7, seed=3))
     assert cache.cacheable(EngineRequestParams(temperature=0.0))
-    assert cache.put(PROMPT, sampled, "x") is False
+    assert cache.put(PROMPT, sampled, answer("x")) is False
     assert cache.get(PROMPT, sampled) is None
     assert cache.snapshot()["uncacheable"] == 2
 
@@ -104,35 +105,109 @@ def test_sampling_without_seed_is_not_cacheable(cache):
 def test_tenant_a_never_gets_tenant_b_entry(cache):
     a = EngineRequestParams(tenant="a")
     b = EngineRequestParams(tenant="b")
-    assert cache.put(PROMPT, a, "secret of a")
+    assert cache.put(PROMPT, a, answer("secret of a"))
     assert cache.get(PROMPT, b) is None
     # even a value copied byte for byte under b's key is refused: the checksum covers the key
     raw = cache.client.get(cache.key(PROMPT, a))
     cache.client.set(cache.key(PROMPT, b), raw)
     assert cache.get(PROMPT, b) is None
     assert cache.snapshot()["corrupt"] == 1
-    assert cache.get(PROMPT, a) == "secret of a"
+    assert cache.get(PROMPT, a) == answer("secret of a")
 
 
 @pytest.mark.parametrize(
     "mangle",
     [
         lambda raw: raw[: len(raw) // 2],  # truncated
-        lambda raw: raw.replace(b"hello", b"HELLO"),  # flipped text, stale checksum
+        lambda raw: raw.replace(b"true", b"false"),  # flipped "ended", stale checksum
+        lambda raw: raw.replace(b"[[", b"[[7,"),  # a token more, stale checksum
         lambda raw: b"\x80\x04\x95 not json",  # a pickle-looking blob
         lambda raw: json.dumps({**json.loads(raw), "v": 99}).encode(),  # unknown format version
-        lambda raw: raw.replace(b"hello there", b"\\ud800"),  # a lone surrogate: UTF-8 cannot encode it
+        lambda raw: json.dumps({**json.loads(raw), "v": 1, "text": "hello there"}).encode(),  # format 1
+        lambda raw: raw.replace(b'"sum":"', b'"sum":"\\ud800'),  # a lone surrogate: UTF-8 cannot encode it
         lambda raw: b"[" * 60000 + b"]" * 60000,  # nested too deep for the parser
     ],
 )
 def test_corrupted_values_are_rejected_and_deleted(cache, mangle):
     params = EngineRequestParams()
-    cache.put(PROMPT, params, "hello there")
+    cache.put(PROMPT, params, answer("hello there"))
     key = cache.key(PROMPT, params)
-    cache.client.set(key, mangle(cache.client.get(key)))
+    raw = cache.client.get(key)
+    assert mangle(raw) != raw, "the mangling changed nothing"
+    cache.client.set(key, mangle(raw))
     assert cache.get(PROMPT, params) is None
     assert cache.client.exists(key) == 0
     assert cache.snapshot()["corrupt"] == 1
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        [[1, "2"], 0, True],  # an id that is a string
+        [[1, -2], 0, True],  # a negative id
+        [[1, 2.0], 0, True],  # a float id
+        [[1, True], 0, True],  # a bool id
+        [[1, 1 << 31], 0, True],  # an id past int32
+        [[1, 2], -1, True],  # a negative trim
+        [[1, 2], 0, 1],  # "ended" that is not a bool
+        [[1, 2], 0],  # a field missing
+        {"ids": [1, 2]},  # not the list written
+    ],
+)
+def test_values_of_the_wrong_shape_are_rejected_even_with_a_matching_checksum(cache, document):
+    """A checksum is no signature: whoever writes to Redis can sum a bad document too. The engine sends a
+    hit's ids to the detokenizer as they come, so only non-negative int32 ids, a non-negative trim and a
+    bool pass."""
+    params = EngineRequestParams()
+    key = cache.key(PROMPT, params)
+    summed = sha256_hex(key.encode("utf-8"), canonical_json(document))
+    cache.client.set(key, canonical_json({"v": 2, "answer": document, "sum": summed}))
+    assert cache.get(PROMPT, params) is None and cache.client.exists(key) == 0
+    assert cache.snapshot()["corrupt"] == 1
+    good = [[1, 2], 0, True]
+    cache.client.set(
+        key, canonical_json({"v": 2, "answer": good, "sum": sha256_hex(key.encode(), canonical_json(good))})
+    )
+    assert cache.get(PROMPT, params) == ExactAnswer((1, 2), 0, True), "the same value, well formed, is served"
+
+
+def test_an_answer_serves_every_budget_it_decides_and_none_other(cache):
+    """max_tokens is not in the key: an answer that ended (EOS, stop string) serves any budget, cut to its
+    first tokens for a smaller one; one stopped by its budget serves that budget or a smaller one, and a
+    larger budget misses (counted `shorter`)."""
+    at = lambda n: dataclasses.replace(EngineRequestParams(), max_tokens=n)  # noqa: E731
+    assert cache.key(PROMPT, at(3)) == cache.key(PROMPT, at(300))
+    assert cache.put(PROMPT, at(16), ExactAnswer((5, 6, 7), 4, True))
+    assert cache.get(PROMPT, at(3)) == ExactAnswer((5, 6, 7), 4, True)
+    assert cache.get(PROMPT, at(500)) == ExactAnswer((5, 6, 7), 4, True)
+    assert cache.get(PROMPT, at(2)) == ExactAnswer((5, 6), 0, False), "cut before its stop string: no trim"
+    assert cache.put(PROMPT, at(3), ExactAnswer((5, 6, 7), 0, False))
+    assert cache.get(PROMPT, at(3)) == ExactAnswer((5, 6, 7), 0, False)
+    assert cache.get(PROMPT, at(1)) == ExactAnswer((5,), 0, False)
+    assert cache.get(PROMPT, at(4)) is None
+    s = cache.snapshot()
+    assert (s["hits"], s["misses"], s["shorter"]) == (5, 1, 1)
+
+
+def test_a_refresh_write_keeps_an_entry_that_serves_more_budgets(cache):
+    """The warmup job refreshes answers (`cache=refresh`, written unread) at its own max_tokens: a small
+    one must not cut down what clients asking more are served. A write after a miss replaces the entry."""
+    params = EngineRequestParams(max_tokens=64)
+    ended, long, short = (
+        ExactAnswer((1, 2, 3), 0, True),
+        ExactAnswer((1, 2, 3, 4), 0, False),
+        ExactAnswer((1,)),
+    )
+    assert cache.put(PROMPT, params, ended)
+    assert not cache.put(PROMPT, params, short, unread=True) and not cache.put(
+        PROMPT, params, long, unread=True
+    )
+    assert cache.get(PROMPT, params) == ended and cache.snapshot()["kept"] == 2
+    assert cache.put(PROMPT, params, short)  # after a miss the engine's answer covers more: written as it is
+    assert cache.put(PROMPT, params, long, unread=True), "a longer answer replaces a shorter one"
+    assert not cache.put(PROMPT, params, short, unread=True)
+    assert cache.put(PROMPT, params, ended, unread=True), "an answer that ended replaces one cut short"
+    assert cache.get(PROMPT, params) == ended
 
 
 def test_a_value_of_another_type_under_a_key_is_deleted_as_corrupt_without_opening_the_breaker(cache):
@@ -145,7 +220,9 @@ def test_a_value_of_another_type_under_a_key_is_deleted_as_corrupt_without_openi
         assert cache.client.exists(key) == 0
     assert cache.snapshot()["corrupt"] == 6 and cache.snapshot()["errors"] == 0
     assert cache.breaker.state is BreakerState.CLOSED
-    assert cache.put(PROMPT, params, "hello there") and cache.get(PROMPT, params) == "hello there"
+    assert cache.put(PROMPT, params, answer("hello there")) and cache.get(PROMPT, params) == answer(
+        "hello there"
+    )
     clock = FakeClock()  # as the half-open probe after an outage, the WRONGTYPE reply closes the breaker
     cache.breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=5.0, clock=clock)
     cache.breaker.record_failure()
@@ -158,7 +235,7 @@ def test_a_value_of_another_type_under_a_key_is_deleted_as_corrupt_without_openi
 def test_a_sub_second_ttl_is_a_second_not_ex_0(redis_server):
     cache = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", ttl_s=0.5)
     greedy = EngineRequestParams()
-    assert cache.put(PROMPT, greedy, "hello") and cache.client.ttl(cache.key(PROMPT, greedy)) == 1
+    assert cache.put(PROMPT, greedy, answer("hello")) and cache.client.ttl(cache.key(PROMPT, greedy)) == 1
     assert cache.snapshot()["errors"] == 0
 
 
@@ -169,7 +246,7 @@ def test_dead_redis_returns_misses_quickly():
     t0 = time.perf_counter()
     for _ in range(50):
         assert c.get(PROMPT, params) is None
-        assert c.put(PROMPT, params, "x") is False
+        assert c.put(PROMPT, params, answer("x")) is False
     assert time.perf_counter() - t0 < 1.0
     assert c.snapshot()["errors"] == 100
     assert c.breaker.state is BreakerState.OPEN
@@ -180,7 +257,7 @@ def test_slow_redis_times_out_and_breaker_recovers(redis_server):
     breaker = CircuitBreaker(failure_threshold=2, reset_timeout_s=5.0, clock=lambda: now[0])
     c = ExactResponseCache(redis_server, "fp-slow", timeout_s=0.05, breaker=breaker)
     params = EngineRequestParams()
-    assert c.put(PROMPT, params, "cached")
+    assert c.put(PROMPT, params, answer("cached"))
     admin = redis.Redis.from_url(redis_server)
     admin.execute_command("CLIENT", "PAUSE", "400", "ALL")  # the server stops answering for 0.4 s
     t0 = time.perf_counter()
@@ -191,7 +268,7 @@ def test_slow_redis_times_out_and_breaker_recovers(redis_server):
     assert breaker.state is BreakerState.OPEN and c.snapshot()["errors"] == 3
     time.sleep(0.5)
     now[0] += 6.0  # past the cooldown: one probe goes through, succeeds, closes the breaker
-    assert c.get(PROMPT, params) == "cached"
+    assert c.get(PROMPT, params) == answer("cached")
     assert breaker.state is BreakerState.CLOSED
 
 
@@ -205,7 +282,7 @@ def test_key_packs_the_ids_as_little_endian_int64_after_the_json_of_the_rest(red
 
     cache = ExactResponseCache(redis_server, "fp")
     params = EngineRequestParams(max_tokens=4)
-    doc = {"fp": "fp", "tenant": params.tenant, "sampling": sampling_signature(params)}
+    doc = {"fp": "fp", "tenant": params.tenant, "sampling": exact_signature(params)}
     digest = hashlib.sha256()
     for part in (canonical_json(doc), struct.pack("<3q", 1, 2, 70000)):
         digest.update(len(part).to_bytes(8, "little") + part)
@@ -228,12 +305,16 @@ def test_a_tenant_past_its_quota_pushes_out_its_own_oldest_answers_not_another_t
         EngineRequestParams(max_tokens=8, tenant="flood"),
     )
     try:
-        assert cache.put(PROMPT, quiet, "quiet answer")
+        assert cache.put(PROMPT, quiet, answer("quiet answer"))
         for n in range(10):
-            assert cache.put([n, 1, 2], flood, f"flood {n}")
-        assert cache.get(PROMPT, quiet) == "quiet answer", "another tenant's writes never trim this one's"
+            assert cache.put([n, 1, 2], flood, answer(f"flood {n}"))
+        assert cache.get(PROMPT, quiet) == answer("quiet answer"), (
+            "another tenant's writes never trim this one's"
+        )
         held = [cache.get([n, 1, 2], flood) for n in range(10)]
-        assert held == [None] * 7 + ["flood 7", "flood 8", "flood 9"], "the flood keeps its newest three"
+        assert held == [None] * 7 + [answer("flood 7"), answer("flood 8"), answer("flood 9")], (
+            "the flood keeps its newest three"
+        )
         assert raw.zcard(cache.tenant_index("flood")) == 3 and raw.zcard(cache.tenant_index("quiet")) == 1
         assert cache.snapshot()["quota_evictions"] == 7 and cache.snapshot()["stores"] == 11
     finally:
@@ -245,10 +326,15 @@ def test_a_renewed_answer_is_trimmed_after_answers_used_longer_ago(redis_server)
     params = EngineRequestParams(max_tokens=8, tenant="t")
     try:
         for n in range(3):
-            assert cache.put([n], params, f"answer {n}")
+            assert cache.put([n], params, answer(f"answer {n}"))
         assert cache.renew([cache.key([0], params)], "t"), "the oldest answer was used just now"
-        assert cache.put([3], params, "answer 3")
-        assert [cache.get([n], params) for n in range(4)] == ["answer 0", None, "answer 2", "answer 3"]
+        assert cache.put([3], params, answer("answer 3"))
+        assert [cache.get([n], params) for n in range(4)] == [
+            answer("answer 0"),
+            None,
+            answer("answer 2"),
+            answer("answer 3"),
+        ]
         assert cache.snapshot()["renewals"] == 1
     finally:
         cache.close()
@@ -257,7 +343,7 @@ def test_a_renewed_answer_is_trimmed_after_answers_used_longer_ago(redis_server)
 def test_no_quota_by_default_writes_no_index_and_renews_nothing(redis_server, cache):
     raw = redis.Redis.from_url(redis_server)
     params = EngineRequestParams(max_tokens=8, tenant="t")
-    assert cache.put(PROMPT, params, "x") and raw.exists(cache.tenant_index("t")) == 0
+    assert cache.put(PROMPT, params, answer("x")) and raw.exists(cache.tenant_index("t")) == 0
     assert not cache.renew([cache.key(PROMPT, params)], "t")
     assert cache.snapshot()["renewals"] == 0
     with pytest.raises(ValueError, match="tenant_max_entries must be >= 0"):
@@ -271,7 +357,7 @@ def test_a_renewal_leaves_names_the_index_does_not_list_alone(redis_server):
     raw = redis.Redis.from_url(redis_server)
     b = EngineRequestParams(max_tokens=8, tenant="b")
     try:
-        assert cache.put(PROMPT, b, "b's")
+        assert cache.put(PROMPT, b, answer("b's"))
         raw.expire(cache.key(PROMPT, b), 100)
         assert cache.renew([cache.key(PROMPT, b)], "a")
         assert raw.ttl(cache.key(PROMPT, b)) <= 100 and raw.zcard(cache.tenant_index("a")) == 0
@@ -300,15 +386,15 @@ def test_a_quota_lowered_under_what_a_tenant_holds_is_reached_over_several_write
     lowered = ExactResponseCache(redis_server, fingerprint, timeout_s=0.5, tenant_max_entries=10)
     try:
         for n in range(600):
-            assert before.put([n], params, "a")
+            assert before.put([n], params, answer("a"))
         index, cap = lowered.tenant_index("t"), MAX_TRIM_PER_WRITE + 1
         held = []
         for n in range(3):
-            assert lowered.put([1000 + n], params, "b"), "the write itself is never the casualty"
+            assert lowered.put([1000 + n], params, answer("b")), "the write itself is never the casualty"
             held.append(raw.zcard(index))
         assert held == [601 - cap, 601 - 2 * cap + 1, 10]
         assert lowered.snapshot()["quota_evictions"] == 600 + 3 - 10 and lowered.snapshot()["errors"] == 0
-        assert [lowered.get([1000 + n], params) for n in range(3)] == ["b"] * 3, "the newest stay"
+        assert [lowered.get([1000 + n], params) for n in range(3)] == [answer("b")] * 3, "the newest stay"
     finally:
         before.close()
         lowered.close()
@@ -324,7 +410,7 @@ def test_no_models_key_directory_lists_a_quota_index_nor_can_a_lookup_key_name_o
     params = EngineRequestParams(max_tokens=8, tenant="t")
     directory = KeyDirectory(redis_server, exact_namespace("index")).start()
     try:
-        assert quota.put(PROMPT, params, "answer")
+        assert quota.put(PROMPT, params, answer("answer"))
         index = quota.tenant_index("t")
         assert wait_for(lambda: directory.synced, 10) and directory.contains(index) is False
         forged = dataclasses.replace(params, response_key=index)  # sent to the engine directly
@@ -346,8 +432,11 @@ def test_a_tenant_index_holding_another_type_is_rebuilt_and_the_quota_holds(redi
     try:
         raw.set(cache.tenant_index("t"), b"garbage")
         for n in range(6):
-            assert cache.put([n, 7], params, f"answer {n}")
-        assert [cache.get([n, 7], params) for n in range(6)] == [None] * 4 + ["answer 4", "answer 5"]
+            assert cache.put([n, 7], params, answer(f"answer {n}"))
+        assert [cache.get([n, 7], params) for n in range(6)] == [None] * 4 + [
+            answer("answer 4"),
+            answer("answer 5"),
+        ]
         snapshot = cache.snapshot()
         assert (snapshot["bad_indexes"], snapshot["errors"], raw.zcard(cache.tenant_index("t"))) == (1, 0, 2)
     finally:
@@ -359,13 +448,13 @@ def test_one_tenants_damaged_index_does_not_open_the_breaker_for_the_others(redi
     raw = redis.Redis.from_url(redis_server)
     a, b = EngineRequestParams(max_tokens=8, tenant="a"), EngineRequestParams(max_tokens=8, tenant="b")
     try:
-        assert cache.put([1, 2], b, "b's answer") and cache.put([3, 4], a, "a's answer")
+        assert cache.put([1, 2], b, answer("b's answer")) and cache.put([3, 4], a, answer("a's answer"))
         raw.delete(cache.tenant_index("a"))
         raw.set(cache.tenant_index("a"), b"garbage")
         assert not cache.renew([cache.key([3, 4], a)], "a")  # the bad index is dropped, nothing renewed
         for _ in range(3):
             cache.renew([cache.key([3, 4], a)], "a")
-        assert cache.get([1, 2], b) == "b's answer" and cache.breaker.state is BreakerState.CLOSED
+        assert cache.get([1, 2], b) == answer("b's answer") and cache.breaker.state is BreakerState.CLOSED
         assert cache.snapshot()["bad_indexes"] == 1 and cache.snapshot()["errors"] == 0
     finally:
         cache.close()

@@ -78,14 +78,16 @@ def test_a_cached_answer_trimmed_at_a_stop_string_is_what_generation_sent(redis_
     fingerprint = f"fp-{uuid.uuid4().hex[:8]}"
     prompt = [5, 6, 7]
     tier = build_response_tier(config, fingerprint, model_dir, decoder, lambda m: None)
-    tier.remember(prompt, params, output[:ready], trim)  # Engine._emit's call on the final response
+    tier.remember(
+        prompt, params, output[:ready], trim, ended=True
+    )  # Engine._emit's call on the final response
     tier.close()
     tier = build_response_tier(config, fingerprint, model_dir, decoder, lambda m: None)
     try:
         found = tier.lookup(prompt, params)
         assert found.tokens is not None, "the answer was cached"
-        # the hit: Engine._answer_from_cache sends the re-encoded answer as one final window, trim 0
-        served = decoder.delta(found.tokens, 0, True, 0).decode("utf-8")
+        # the hit: Engine._answer_from_cache sends the stored ids as one final window, with their trim
+        served = decoder.delta(found.tokens, 0, True, found.trim).decode("utf-8")
         assert served == sent, f"a hit served {served!r}; generation sent {sent!r}"
     finally:
         tier.close()

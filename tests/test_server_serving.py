@@ -377,7 +377,7 @@ def test_a_key_forged_in_a_direct_engine_request_reads_no_other_tenants_answer(
     """Keys come hashed from the scheduler step; the engine checks one before serving its entry."""
     import redis
 
-    from cache.response_cache import tenant_tag
+    from cache.response_cache import KEY_PREFIX, tenant_tag
 
     prompt, sampling = (
         "Forged key probe: a question only the victim asked",
@@ -391,7 +391,7 @@ def test_a_key_forged_in_a_direct_engine_request_reads_no_other_tenants_answer(
         )
     )
     store = redis.Redis.from_url(redis_url)
-    (victim_key,) = [k.decode() for k in store.scan_iter(f"llm:resp:exact:v2:*:{tenant_tag('victim')}:*")]
+    (victim_key,) = [k.decode() for k in store.scan_iter(f"{KEY_PREFIX}:*:{tenant_tag('victim')}:*")]
     params = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True, "tenant": "attacker",
               "exclude_input_in_output": True, "tenant_token": token_from_env("attacker")}  # fmt: skip
     honest = engine_tokens(grpc_url, [1, 200, 300, 400], params)
@@ -420,6 +420,39 @@ def test_long_prompts_that_share_a_prefix_reuse_its_tokenization(grpc_url, metri
 
     assert wait_for(reused, timeout_s=60, interval_s=0.3)
     assert engine_metric(metrics_url, "llm_scheduler_prefix_tokenizer_total", result="mismatches") == 0
+
+
+def test_an_exact_answer_serves_smaller_budgets_and_a_larger_budget_replaces_it(grpc_url, metrics_url):
+    """max_tokens is not in the exact key: an answer of 8 tokens serves a client asking 4 with what a
+    4-token run sends, a client asking 12 misses and computes, and its answer then serves 8 as well."""
+    prompt = f"Budget probe {time.time_ns()}: one exact entry for every max_tokens"
+
+    def ask(max_tokens: int, cache: str | None = None) -> str:
+        sampling = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        return generate(grpc_url, prompt, sampling=sampling, tenant="budgets", cache=cache).text
+
+    def exact(counter: str) -> float:
+        return engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter=counter)
+
+    def cached() -> float:
+        return engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
+
+    fresh = {n: ask(n, cache="bypass") for n in (4, 8, 12)}
+    assert len({fresh[4], fresh[8], fresh[12]}) == 3
+    stores = exact("stores")
+    assert ask(8) == ask(8) == fresh[8]  # written on its second sighting
+    assert wait_for(lambda: exact("stores") > stores), "the 8-token answer was written"
+    served = cached()
+    assert ask(4) == fresh[4]
+    assert wait_for(lambda: cached() == served + 1), "a smaller budget is served the answer's first tokens"
+    shorter, stores = exact("shorter"), exact("stores")
+    assert ask(12) == fresh[12]
+    assert wait_for(lambda: exact("shorter") > shorter and exact("stores") > stores), (
+        "computed, it replaced the entry"
+    )
+    assert cached() == served + 1
+    assert ask(8) == fresh[8] and ask(12) == fresh[12]
+    assert wait_for(lambda: cached() == served + 3)
 
 
 def test_cache_tier_counters_are_exported(grpc_url, metrics_url):

@@ -34,6 +34,7 @@ from scheduler.tenant_auth import (
 from scheduler.tiers import TierTable
 from scheduler.validation import Limits
 from tests.test_engine_batching import RecordingSink, make_engine, model, request, run_until_idle  # noqa: F401
+from tests.conftest import answer
 
 SECRET = b"a-server-secret"
 FP = "0123456789abcdef|fedcba9876543210|float32|slot-kv-v1"
@@ -263,7 +264,9 @@ def test_a_client_that_only_names_another_tenant_does_not_read_its_answers(redis
     s = step(TenantAuth(SECRET))
     mine = prepare(s, victim, tenant_token(SECRET, victim))
     assert mine.params.tenant_token == tenant_token(SECRET, victim)  # forwarded: the engine checks it too
-    assert cache.put(mine.input_ids, mine.params, "B's confidential answer", key=mine.params.response_key)
+    assert cache.put(
+        mine.input_ids, mine.params, answer("B's confidential answer"), key=mine.params.response_key
+    )
     for forged in (None, b"", tenant_token(SECRET, "intruder"), tenant_token(b"guess", victim)):
         with pytest.raises(RequestError):
             prepare(s, victim, forged)

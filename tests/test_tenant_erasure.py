@@ -17,6 +17,7 @@ from client.__main__ import main
 from scheduler.messages import EngineRequestParams
 from tests.test_redis_kv_store import META, _block, _keys
 from tests.test_semantic_cache import GREEDY, QUESTION, embedder  # noqa: F401
+from tests.conftest import answer
 
 
 def params(tenant: str) -> EngineRequestParams:
@@ -34,7 +35,7 @@ def filled(redis_server, embedder):  # noqa: F811
     semantic = SemanticResponseCache(redis_server, models[0], embedder, threshold=0.75)
     for cache in exact:
         for tenant in (a, b):
-            assert cache.put([1, 2, 3], params(tenant), f"{tenant}'s answer")
+            assert cache.put([1, 2, 3], params(tenant), answer(f"{tenant}'s answer"))
     for tenant in (a, b):
         assert semantic.store(QUESTION, tenant, GREEDY, f"{tenant}'s semantic answer")
     kv = [RedisKVStore(redis_server, f"llm:kv:v1:{fp}") for fp in models]
@@ -53,12 +54,14 @@ def test_a_tenants_answers_are_deleted_for_every_model_and_only_its(redis_server
     client = redis.Redis.from_url(redis_server)
     dry = erase_tenant(client, a, dry_run=True)
     assert dry.keys == {"exact": 2, "semantic": 4, "l3": 6}  # 2 models; emb, doc, age, ver; 3 blocks each
-    assert all(cache.get([1, 2, 3], params(a)) == f"{a}'s answer" for cache in exact)  # nothing deleted yet
+    assert all(
+        cache.get([1, 2, 3], params(a)) == answer(f"{a}'s answer") for cache in exact
+    )  # nothing deleted yet
     done = erase_tenant(client, a)
     assert done.keys == dry.keys and not done.dry_run
     for cache in exact:
         assert cache.get([1, 2, 3], params(a)) is None
-        assert cache.get([1, 2, 3], params(b)) == f"{b}'s answer"
+        assert cache.get([1, 2, 3], params(b)) == answer(f"{b}'s answer")
     assert semantic.lookup(QUESTION, a, GREEDY) is None
     assert semantic.lookup(QUESTION, b, GREEDY).answer == f"{b}'s semantic answer"
     for store in kv:
@@ -158,7 +161,8 @@ def test_an_index_written_as_a_plain_set_before_is_still_erased(redis_server):
 
 
 def test_entries_of_the_earlier_key_formats_are_erased_too(redis_server):
-    """v1 exact and semantic entries are never read again but hold the tenant's answers until their TTL.
+    """v1 and v2 exact and v1 semantic entries are never read again but hold the tenant's answers until
+    their TTL.
     Named as the v1 code named them: the semantic ones in a hash tag, `{<fp>:<tag>}` (a pattern written
     for `:<tag>:` matched none of them; found in review)."""
     from cache.response_cache import tenant_tag
@@ -169,14 +173,13 @@ def test_entries_of_the_earlier_key_formats_are_erased_too(redis_server):
 
     def v1_names(t: str) -> list[str]:
         semantic = f"llm:resp:sem:v1:{{{fp}:{tenant_tag(t)}}}"
-        return [f"llm:resp:exact:v1:{fp}:{tenant_tag(t)}:abc"] + [
-            f"{semantic}:{k}" for k in ("emb", "doc", "age", "ver")
-        ]
+        exact = [f"llm:resp:exact:{version}:{fp}:{tenant_tag(t)}:abc" for version in ("v1", "v2")]
+        return exact + [f"{semantic}:{k}" for k in ("emb", "doc", "age", "ver")]
 
     mine, theirs = v1_names(tenant), v1_names(other)
     for key in [*mine, *theirs]:
         client.set(key, b"an old answer", ex=600)
-    assert erase_tenant(client, tenant).keys == {"exact": 1, "semantic": 4, "l3": 0}
+    assert erase_tenant(client, tenant).keys == {"exact": 2, "semantic": 4, "l3": 0}
     assert not client.exists(*mine) and client.exists(*theirs) == len(theirs)
     client.close()
 
@@ -188,10 +191,10 @@ def test_an_exact_quotas_index_goes_with_the_tenants_answers(redis_server):
     client = redis.Redis.from_url(redis_server)
     try:
         for tenant in (a, b):
-            assert cache.put([1, 2, 3], params(tenant), f"{tenant}'s answer")
+            assert cache.put([1, 2, 3], params(tenant), answer(f"{tenant}'s answer"))
         assert erase_tenant(client, a).keys["exact"] == 2  # the answer and the quota's index
         assert not client.exists(cache.tenant_index(a)) and client.zcard(cache.tenant_index(b)) == 1
-        assert cache.get([1, 2, 3], params(b)) == f"{b}'s answer"
+        assert cache.get([1, 2, 3], params(b)) == answer(f"{b}'s answer")
     finally:
         cache.close()
         client.close()
