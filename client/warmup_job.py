@@ -484,8 +484,8 @@ class SendConfig:
     progress: bool = True
     # True: greedy requests with cache=refresh, which never read the response caches (a read would answer
     # a repeat run, or a new replica sharing Redis, from Redis, and nothing would be prefilled) but keep
-    # every answer there. The exact key holds every sampling parameter: the entries serve clients that
-    # ask for `max_tokens` tokens greedily. False: unseeded sampling, which no response cache keeps.
+    # every answer there. The entries serve clients that ask greedily for up to `max_tokens` tokens (any
+    # number when the answer ended within them). False: unseeded sampling, which no response cache keeps.
     fill_response_cache: bool = True
 
     def __post_init__(self) -> None:

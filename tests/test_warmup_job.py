@@ -316,8 +316,9 @@ def test_live_job_sends_at_warmup_tier(grpc_url: str, metrics_url: str) -> None:
 def test_live_repeat_runs_prefill_again_and_fill_the_response_cache(grpc_url: str, metrics_url: str) -> None:
     """Warmup requests never read the response caches, so a repeat run (or a new replica sharing Redis)
     still prefills; by default (fill_response_cache, greedy with cache=refresh) they keep their answers
-    there, which a greedy client asking as many tokens is then served from. The spec has the job fill the
-    response caches; before `refresh` it could fill them only by being answered from them on a repeat.
+    there, which a greedy client asking as many tokens or fewer is then served from. The spec has the job
+    fill the response caches; before `refresh` it could fill them only by being answered from them on a
+    repeat.
     Unseeded warmup (--no-fill-response-cache) keeps nothing there."""
 
     def total(name: str, **labels: str) -> float:
@@ -345,9 +346,22 @@ def test_live_repeat_runs_prefill_again_and_fill_the_response_cache(grpc_url: st
     greedy = {"max_tokens": wj.SendConfig(url="").max_tokens, "temperature": 0.0}
     served = cached("standard")
     generate(grpc_url, filled[0].prompt, sampling=greedy, tenant="acme")
-    assert cached("standard") == served + 1  # answered from what the warmup kept
+    assert wait_for(lambda: cached("standard") == served + 1)  # answered from what the warmup kept
+    generate(grpc_url, filled[1].prompt, sampling={**greedy, "max_tokens": 2}, tenant="acme")
+    assert wait_for(lambda: cached("standard") == served + 2)  # and a client asking fewer tokens, too
     generate(grpc_url, sampled[0].prompt, sampling=greedy, tenant="acme")  # unseeded warmup kept nothing
-    assert cached("standard") == served + 1
+    assert cached("standard") == served + 2
+    # a run with fewer tokens refreshes the prefill but does not cut the kept answers down to its budget
+    def decided() -> float:  # answers written, or not written since the entry there serves more
+        return stored() + total("llm_engine_cache_total", tier="exact", counter="kept")
+
+    before = decided()
+    short = wj.SendConfig(url=grpc_url, progress=False, max_tokens=2)
+    assert all(o.ok for o in wj.send_warmup_set(filled, short, io.StringIO()))
+    assert wait_for(lambda: decided() >= before + len(filled), interval_s=0.5)
+    for item in filled:
+        generate(grpc_url, item.prompt, sampling=greedy, tenant="acme")
+    assert wait_for(lambda: cached("standard") == served + 2 + len(filled))
 
 
 def test_live_job_reports_the_cache_tiers_it_filled(tmp_path: Path, grpc_url: str, metrics_url: str) -> None:
