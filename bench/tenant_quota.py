@@ -34,14 +34,15 @@ import torch
 from bench.common import link_plot, median, print_table, progress, write_results
 from cache.kv_format import KVBlockMeta
 from cache.redis_kv_store import RedisKVStore
-from cache.response_cache import ExactResponseCache
+from cache.response_cache import ExactAnswer, ExactResponseCache, canonical_json
 from deploy.launch import find_free_port, start_redis_server
 from scheduler.messages import EngineRequestParams
 
 SHAPE = (4, 2, 4, 16, 64)  # layers, k/v, kv heads, tokens, head dim: 64 KiB a block in float16
 META = KVBlockMeta("bench-quota", "float16", SHAPE, SHAPE[3], "L2HBD-v1")
 CHAIN = 8  # blocks per written chain (one prompt's new blocks)
-ANSWER = "x" * 2048  # an exact answer: ~512 tokens of text
+ANSWER = ExactAnswer(tuple(range(1000, 1400)), 0, True)  # an exact answer: 400 tokens, ~2 KiB of JSON
+ANSWER_BYTES = len(canonical_json(ANSWER.document()))
 # per cache: maxmemory, acme's hot entries, flood's writes per round, the quota (in the cache's units)
 DEFAULTS = {"kv": ("48mb", 8, 125, 256), "exact": ("8mb", 64, 6000, 1024)}
 
@@ -93,7 +94,7 @@ class KVTarget:
 
 
 class ExactTarget:
-    """Entries are exact answers of 2 KiB (`ExactResponseCache`); counted in answers."""
+    """Entries are exact answers of ~2 KiB (`ExactResponseCache`); counted in answers."""
 
     unit, per_entry = "answers", 1
 
@@ -225,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         what = f"{args.acme_entries * CHAIN} hot blocks (chains of {CHAIN}, 64 KiB a block)"
         flood = f"{blocks} new blocks ({blocks * 64 // 1024} MiB)"
     else:
-        what = f"{args.acme_entries} hot exact answers ({len(ANSWER)} bytes of text each)"
+        what = f"{args.acme_entries} hot exact answers ({ANSWER_BYTES} bytes of token ids each)"
         flood = (
-            f"{args.flood_per_round} new answers (~{args.flood_per_round * len(ANSWER) >> 20} MiB of text)"
+            f"{args.flood_per_round} new answers (~{args.flood_per_round * ANSWER_BYTES >> 20} MiB of ids)"
         )
     note = (
         f"\n{what} of tenant acme, written once; each round tenant flood writes {flood} into a Redis of "

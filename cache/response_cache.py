@@ -7,14 +7,11 @@ The key is SHA-256 over a canonical JSON document of the model fingerprint, the 
 parameter that changes the generated text, then the prompt token ids packed as little-endian int64, so
 two processes (or machines) with the same model compute the same key, and tenants never share an entry.
 `max_tokens` is checked against the entry instead of hashed: it does not change the tokens, only where
-they stop. An entry holds the answer's token ids and whether it ended on its own (EOS or a stop string):
-it serves a request allowed fewer tokens with its first ones, and one allowed more only when it ended
-(`ExactAnswer.within`). A warmup answer of 512 tokens then serves every client's budget up to 512, and
-every budget at all if it ended; keyed by budget, it served only clients asking exactly 512.
-Packing the ids rather than writing them into the JSON made the key 3.6x cheaper to hash at 256 tokens
-(25 -> 7 us on the CI VM) and 7.5x at 2000 (157 -> 21 us); it is hashed on every request's arrival.
-Parameters that do not change the text (stream, tier, arrival time) stay out of the key so they do
-not split the cache.
+they stop. An entry holds the answer's token ids and whether it is final (EOS, a stop string or the
+model's sequence limit ended it): it serves a request allowed fewer tokens with its first ones, and one
+allowed more only when final (`ExactAnswer.within`). A warmup answer of 512 tokens then serves every
+client's budget up to 512, and every budget at all if final; keyed by budget, it served only clients
+asking exactly 512. A write keeps an entry that serves more budgets than it would.
 
 Values are JSON with a format version and a checksum over (key, answer): never pickle, since Redis is a
 shared store and unpickling its bytes would run whatever someone put there. A value that fails the
@@ -48,7 +45,7 @@ from cache.wrong_type import is_wrong_type
 from cache.key_directory import INDEX_DROPPED, KeyDirectory, renew_listed, write_announced
 from scheduler.messages import EngineRequestParams
 
-FORMAT_VERSION = 2  # 2: token ids, trim and ended (1: the text)
+FORMAT_VERSION = 2  # 2: token ids, how many were sent, trim and final (1: the text)
 # v3: max_tokens out of the key; v2 (ids packed, not in the JSON) and v1 entries are never read, expire by TTL
 KEY_PREFIX = "llm:resp:exact:v3"
 MAX_TOKEN_ID = (1 << 31) - 1
@@ -71,7 +68,7 @@ class ExactCacheStats:
     corrupt: int = 0  # values that failed version/checksum validation (deleted)
     uncacheable: int = 0  # get/put calls for non-deterministic requests
     shorter: int = 0  # misses on an entry that stopped at a smaller max_tokens (counted in misses too)
-    kept: int = 0  # refresh writes not made: the entry there served more budgets
+    kept: int = 0  # writes not made: the entry there served more budgets (renewed instead)
     stores: int = 0
     quota_evictions: int = 0  # answers the tenant quota deleted (the tenant's least recently used)
     renewals: int = 0  # hits told to Redis, so that the quota trims by last use (only with a quota)
@@ -112,39 +109,53 @@ def exact_signature(params: EngineRequestParams) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ExactAnswer:
-    """An answer as the engine sent it: the generated token ids, the raw bytes a stop string trimmed off
-    their end, and whether it ended on its own (EOS or a stop string) rather than at a length limit
-    (`max_tokens`, or a slot's end)."""
+    """An answer as the engine computed it: every token it generated (EOS not among them), the raw bytes a
+    stop string trimmed off the end of what it sent, whether it is final (no larger budget gets more
+    tokens: it met EOS, a stop string, or the model's sequence limit) and how many of the tokens its
+    final response sent (`sent`, None: all; fewer when a stop string began in earlier tokens)."""
 
     ids: tuple[int, ...]
     trim: int = 0
-    ended: bool = False
+    final: bool = False
+    sent: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.sent is None:
+            object.__setattr__(self, "sent", len(self.ids))
+
+    @property
+    def response(self) -> tuple[list[int], int]:
+        """The ids and trim a hit sends: what the final response of the computed request sent."""
+        return list(self.ids[: self.sent]), self.trim
 
     def within(self, max_tokens: int) -> ExactAnswer | None:
         """The answer of the same request allowed `max_tokens` new tokens, or None when this one stopped
-        short of that without ending. Its first `max_tokens` tokens, untrimmed: a stop string found
-        later than them was not in them (the engine looks for one after every token), and seeded sampling
-        draws from the request's own generator, token by token."""
+        at a smaller limit. A smaller budget gets the first `max_tokens` tokens, all sent, untrimmed: the
+        engine looks for a stop string after every token, so one this answer met later was not in them,
+        and seeded sampling draws from the request's own generator, token by token."""
         if max_tokens < len(self.ids):
             return ExactAnswer(self.ids[:max_tokens])
-        if self.ended or max_tokens == len(self.ids):
+        if self.final or max_tokens == len(self.ids):
             return self
         return None
 
     def document(self) -> list[Any]:
-        return [list(self.ids), self.trim, self.ended]
+        return [list(self.ids), self.sent, self.trim, self.final]
 
     @classmethod
     def from_document(cls, doc: Any) -> ExactAnswer | None:
-        """The answer `document()` wrote, or None for anything else (a wrong type, an id out of range)."""
-        if not (isinstance(doc, list) and len(doc) == 3):
+        """The answer `document()` wrote, or None for anything else: a wrong type, an id out of range, or
+        a stop string's trim or cut on an answer that is not final (only a stop string makes either)."""
+        if not (isinstance(doc, list) and len(doc) == 4):
             return None
-        ids, trim, ended = doc
-        if not (isinstance(ids, list) and isinstance(ended, bool) and _small_int(trim, 1 << 20)):
+        ids, sent, trim, final = doc
+        if not (isinstance(ids, list) and isinstance(final, bool) and _small_int(trim, 1 << 20)):
             return None
-        if not all(_small_int(i, MAX_TOKEN_ID) for i in ids):
+        if not (_small_int(sent, len(ids)) and all(_small_int(i, MAX_TOKEN_ID) for i in ids)):
             return None
-        return cls(tuple(ids), trim, ended)
+        if not final and (trim or sent < len(ids)):
+            return None
+        return cls(tuple(ids), trim, final, sent)
 
 
 def _small_int(value: Any, most: int) -> bool:
@@ -418,12 +429,13 @@ class ExactResponseCache(RedisCacheBase):
         params: EngineRequestParams,
         answer: ExactAnswer,
         key: str | None = None,
-        unread: bool = False,
     ) -> bool:
-        """`key`: as for `get`. An answer written after a miss replaces the entry it missed on (it covers
-        more budgets). `unread`: the request did not read the entry (`cache=refresh`, the warmup job's),
-        so it is read first and kept when it covers more: a warmup run with a small `max_tokens` must not
-        cut the answers clients are served down to its budget (`kept`)."""
+        """`key`: as for `get`. The entry there is read first and kept when it serves a budget `answer`
+        does not (`kept`; its TTL, and with a quota its place in the tenant's index, renewed as a write
+        would): a warmup run with a small `max_tokens` (`cache=refresh` reads nothing before) and a write
+        after a lookup that failed, or raced another replica's write, must not cut the answers clients
+        are served down to their budget. At most one GET, on the writer thread, and none for a key the
+        key directory knows is absent."""
         if not self.cacheable(params):
             self._count("uncacheable")
             return False
@@ -431,7 +443,7 @@ class ExactResponseCache(RedisCacheBase):
         value = self.encode_value(key, answer)
         if len(value) > self.max_value_bytes:
             return False
-        if unread and self._covers_more(key, answer):
+        if self._kept_instead(key, answer, params.tenant):
             self._count("kept")
             return False
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
@@ -458,9 +470,13 @@ class ExactResponseCache(RedisCacheBase):
         self._count("stores")
         return True
 
-    def _covers_more(self, key: str, answer: ExactAnswer) -> bool:
-        """Whether the entry under `key` serves a budget `answer` does not (False when there is none, it
-        is unreadable, or Redis is unavailable: then the write goes ahead or fails as any other)."""
+    def _kept_instead(self, key: str, answer: ExactAnswer, tenant: str) -> bool:
+        """Whether the entry under `key` serves a budget `answer` does not, renewed if so (False when
+        there is none, it is unreadable, or Redis is unavailable: the write goes ahead or fails as any)."""
+        if answer.final:  # it serves every budget
+            return False
+        if self.directory is not None and self.directory.contains(key) is False:
+            return False  # no entry: most writes, which follow a miss, send no GET
         if not self.breaker.allow():
             return False
         try:
@@ -473,9 +489,18 @@ class ExactResponseCache(RedisCacheBase):
             return False
         self.breaker.record_success()
         stored = None if raw is None else self.decode_value(key, raw)
-        if stored is None or answer.ended:
+        if stored is None or not (stored.final or len(stored.ids) > len(answer.ids)):
             return False
-        return stored.ended or len(stored.ids) > len(answer.ids)
+        if self.tenant_max_entries:
+            self.renew([key], tenant)
+        elif self._may_write():
+            try:
+                self.client.expire(key, self.ttl_s)
+            except self._redis_errors as exc:
+                self._write_failed(exc)
+            else:
+                self.breaker.record_success()
+        return True
 
     def renew(self, keys: Sequence[str], tenant: str) -> bool:
         """With a tenant quota: mark the tenant's answers `keys` (hits) as just used, with a fresh TTL, so

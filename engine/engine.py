@@ -770,11 +770,14 @@ class Engine:
             self.responses.remember(
                 request.prompt_ids,
                 params,
-                state.output[:ready],
+                state.output,
                 trim,
                 request.response_key,
                 paraphrases=not cut,
-                ended=state.done == "stop",
+                # a larger budget gets no more: after EOS or a stop string, or at the model's last position
+                # (a request is never placed in a slot shorter than prompt + max_tokens or that)
+                final=state.done == "stop" or state.position >= self.runner.max_len,
+                sent=ready,
             )
         if params.stream:
             if ready <= state.sent and not final:

@@ -73,9 +73,10 @@ class _Answer:
 
     prompt_ids: list[int]
     params: EngineRequestParams
-    output: list[int]
+    output: list[int]  # every token generated
+    sent: int  # how many of them the final response sent (fewer when a stop string began earlier)
     trim: int
-    ended: bool  # on EOS or a stop string, not at a length limit
+    final: bool  # no larger budget gets more tokens (`ExactAnswer.final`)
     key: ResponseKey | None
     exact: bool | None
     paraphrases: bool = True  # whether the semantic cache may keep it for other prompts
@@ -166,7 +167,8 @@ class ResponseTier:
             found = ResponseLookup(None, key)
         else:
             self._renew(key.value, params.tenant)
-            found = ResponseLookup(list(answer.ids), key, answer.trim)
+            tokens, trim = answer.response
+            found = ResponseLookup(tokens, key, trim)
         self._spent(began)
         return found
 
@@ -227,18 +229,24 @@ class ResponseTier:
         key: ResponseKey | None = None,
         paraphrases: bool = True,
         *,
-        ended: bool,
+        final: bool,
+        sent: int | None = None,
     ) -> None:
-        """Write the answer behind; `ended`: on EOS or a stop string (it serves every larger budget);
-        `key`: the one the request's `lookup` returned, if any; `paraphrases`: whether it answers other
-        wordings too (the semantic cache), not only this prompt."""
+        """Write the answer behind. `output`: every token generated, of which the final response sent the
+        first `sent` (None: all) trimmed by `trim` raw bytes; `final`: no larger budget would get more
+        tokens (EOS, a stop string, the sequence limit); `key`: the one the request's `lookup` returned,
+        if any; `paraphrases`: whether it answers other wordings too (the semantic cache), not only this
+        prompt."""
         if not self.cache.cacheable(params):
             return
         began = time.perf_counter()
         exact = None if key is None else self._admit(key.value, params)
         semantic = self.semantic is not None and paraphrases
         if exact is not False or semantic:  # else nothing to write: the writer sleeps on
-            self._writes.submit(_Answer(prompt_ids, params, output, trim, ended, key, exact, paraphrases))
+            sent = len(output) if sent is None else sent
+            self._writes.submit(
+                _Answer(prompt_ids, params, output, sent, trim, final, key, exact, paraphrases)
+            )
         self._spent(began)
 
     def _admit(self, key: str, params: EngineRequestParams) -> bool:
@@ -287,12 +295,11 @@ class ResponseTier:
         if not exact and not semantic:
             return
         if exact:
-            answer = ExactAnswer(tuple(item.output), item.trim, item.ended)
-            unread = not item.params.reads_response_cache
-            self.cache.put(item.prompt_ids, item.params, answer, key.value, unread=unread)
+            answer = ExactAnswer(tuple(item.output), item.trim, item.final, item.sent)
+            self.cache.put(item.prompt_ids, item.params, answer, key.value)
         if semantic:
             # trimmed in the raw bytes, as the detokenizer trims what it sends: `trim` counts raw bytes, and
             # a character cut by the stop string is one U+FFFD (3 bytes) once sanitized
-            text = self.token_bytes(item.output, item.trim).decode("utf-8", errors="replace")
+            text = self.token_bytes(item.output[: item.sent], item.trim).decode("utf-8", errors="replace")
             question, variant = self.prompt_text(item.prompt_ids)
             self.semantic.store(question, item.params.tenant, item.params, text, variant=variant)

@@ -15,7 +15,7 @@ import torch
 from cache.kv_format import KVBlockMeta
 from cache.key_directory import KeyDirectory, announce_channel
 from cache.redis_kv_store import RedisKVStore
-from cache.response_cache import ExactResponseCache, exact_namespace
+from cache.response_cache import ExactAnswer, ExactResponseCache, exact_namespace
 from deploy.launch import find_free_port, start_redis_server
 from engine.kv_tiers import LAYOUT, L3Tier
 from scheduler.messages import EngineRequestParams
@@ -116,6 +116,16 @@ def test_a_stale_key_costs_one_get_then_is_forgotten(written, raw):
     assert cache.get(prompt, GREEDY) is None and gets(raw) == before + 1
     assert cache.directory.contains(key) is False and cache.directory.stats.stale == 1
     assert cache.get(prompt, GREEDY) is None and gets(raw) == before + 1, "no second GET"
+
+
+def test_a_write_reads_no_entry_the_directory_knows_is_absent(written, raw):
+    """A write reads the entry first, to keep one that serves more budgets; most writes follow a miss,
+    and with the key directory they send no GET for it."""
+    cache, _, _ = written
+    prompt = [int(x) for x in uuid.uuid4().bytes]
+    before = gets(raw)
+    assert cache.put(prompt, GREEDY, ExactAnswer((1, 2))) and gets(raw) == before
+    assert not cache.put(prompt, GREEDY, ExactAnswer((1,))) and gets(raw) == before + 1, "read, and kept"
 
 
 def test_a_corrupt_value_is_forgotten_with_its_key(written, raw):

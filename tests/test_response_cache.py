@@ -119,8 +119,8 @@ def test_tenant_a_never_gets_tenant_b_entry(cache):
     "mangle",
     [
         lambda raw: raw[: len(raw) // 2],  # truncated
-        lambda raw: raw.replace(b"true", b"false"),  # flipped "ended", stale checksum
-        lambda raw: raw.replace(b"[[", b"[[7,"),  # a token more, stale checksum
+        lambda raw: raw.replace(b"true", b"false"),  # flipped "final", stale checksum
+        lambda raw: raw.replace(b"[[", b"[[7,").replace(b"],2,", b"],3,"),  # a token more, stale checksum
         lambda raw: b"\x80\x04\x95 not json",  # a pickle-looking blob
         lambda raw: json.dumps({**json.loads(raw), "v": 99}).encode(),  # unknown format version
         lambda raw: json.dumps({**json.loads(raw), "v": 1, "text": "hello there"}).encode(),  # format 1
@@ -143,28 +143,31 @@ def test_corrupted_values_are_rejected_and_deleted(cache, mangle):
 @pytest.mark.parametrize(
     "document",
     [
-        [[1, "2"], 0, True],  # an id that is a string
-        [[1, -2], 0, True],  # a negative id
-        [[1, 2.0], 0, True],  # a float id
-        [[1, True], 0, True],  # a bool id
-        [[1, 1 << 31], 0, True],  # an id past int32
-        [[1, 2], -1, True],  # a negative trim
-        [[1, 2], 0, 1],  # "ended" that is not a bool
-        [[1, 2], 0],  # a field missing
+        [[1, "2"], 2, 0, True],  # an id that is a string
+        [[1, -2], 2, 0, True],  # a negative id
+        [[1, 2.0], 2, 0, True],  # a float id
+        [[1, True], 2, 0, True],  # a bool id
+        [[1, 1 << 31], 2, 0, True],  # an id past int32
+        [[1, 2], 2, -1, True],  # a negative trim
+        [[1, 2], 3, 0, True],  # more sent than generated
+        [[1, 2], 2, 0, 1],  # "final" that is not a bool
+        [[1, 2], 2, 1, False],  # a stop string's trim on an answer that is not final
+        [[1, 2], 1, 0, False],  # a stop string's cut on an answer that is not final
+        [[1, 2], 2, 0],  # a field missing
         {"ids": [1, 2]},  # not the list written
     ],
 )
 def test_values_of_the_wrong_shape_are_rejected_even_with_a_matching_checksum(cache, document):
     """A checksum is no signature: whoever writes to Redis can sum a bad document too. The engine sends a
-    hit's ids to the detokenizer as they come, so only non-negative int32 ids, a non-negative trim and a
-    bool pass."""
+    hit's ids to the detokenizer as they come, so only non-negative int32 ids, a count sent and a trim
+    that fit them, and a bool pass."""
     params = EngineRequestParams()
     key = cache.key(PROMPT, params)
     summed = sha256_hex(key.encode("utf-8"), canonical_json(document))
     cache.client.set(key, canonical_json({"v": 2, "answer": document, "sum": summed}))
     assert cache.get(PROMPT, params) is None and cache.client.exists(key) == 0
     assert cache.snapshot()["corrupt"] == 1
-    good = [[1, 2], 0, True]
+    good = [[1, 2], 2, 0, True]
     cache.client.set(
         key, canonical_json({"v": 2, "answer": good, "sum": sha256_hex(key.encode(), canonical_json(good))})
     )
@@ -172,15 +175,16 @@ def test_values_of_the_wrong_shape_are_rejected_even_with_a_matching_checksum(ca
 
 
 def test_an_answer_serves_every_budget_it_decides_and_none_other(cache):
-    """max_tokens is not in the key: an answer that ended (EOS, stop string) serves any budget, cut to its
-    first tokens for a smaller one; one stopped by its budget serves that budget or a smaller one, and a
-    larger budget misses (counted `shorter`)."""
+    """max_tokens is not in the key: a final answer (EOS, a stop string, the model's last position) serves
+    any budget, cut to its first tokens for a smaller one; one stopped by its budget serves that budget or
+    a smaller one, and a larger budget misses (counted `shorter`)."""
     at = lambda n: dataclasses.replace(EngineRequestParams(), max_tokens=n)  # noqa: E731
     assert cache.key(PROMPT, at(3)) == cache.key(PROMPT, at(300))
     assert cache.put(PROMPT, at(16), ExactAnswer((5, 6, 7), 4, True))
     assert cache.get(PROMPT, at(3)) == ExactAnswer((5, 6, 7), 4, True)
     assert cache.get(PROMPT, at(500)) == ExactAnswer((5, 6, 7), 4, True)
     assert cache.get(PROMPT, at(2)) == ExactAnswer((5, 6), 0, False), "cut before its stop string: no trim"
+    cache.client.delete(cache.key(PROMPT, at(3)))
     assert cache.put(PROMPT, at(3), ExactAnswer((5, 6, 7), 0, False))
     assert cache.get(PROMPT, at(3)) == ExactAnswer((5, 6, 7), 0, False)
     assert cache.get(PROMPT, at(1)) == ExactAnswer((5,), 0, False)
@@ -189,25 +193,20 @@ def test_an_answer_serves_every_budget_it_decides_and_none_other(cache):
     assert (s["hits"], s["misses"], s["shorter"]) == (5, 1, 1)
 
 
-def test_a_refresh_write_keeps_an_entry_that_serves_more_budgets(cache):
-    """The warmup job refreshes answers (`cache=refresh`, written unread) at its own max_tokens: a small
-    one must not cut down what clients asking more are served. A write after a miss replaces the entry."""
+def test_a_write_keeps_an_entry_that_serves_more_budgets(cache):
+    """The warmup job refreshes answers (`cache=refresh`, nothing read first) at its own max_tokens, and a
+    write may follow a lookup that failed: neither may cut down what clients asking more are served."""
     params = EngineRequestParams(max_tokens=64)
-    ended, long, short = (
-        ExactAnswer((1, 2, 3), 0, True),
-        ExactAnswer((1, 2, 3, 4), 0, False),
-        ExactAnswer((1,)),
-    )
-    assert cache.put(PROMPT, params, ended)
-    assert not cache.put(PROMPT, params, short, unread=True) and not cache.put(
-        PROMPT, params, long, unread=True
-    )
-    assert cache.get(PROMPT, params) == ended and cache.snapshot()["kept"] == 2
-    assert cache.put(PROMPT, params, short)  # after a miss the engine's answer covers more: written as it is
-    assert cache.put(PROMPT, params, long, unread=True), "a longer answer replaces a shorter one"
-    assert not cache.put(PROMPT, params, short, unread=True)
-    assert cache.put(PROMPT, params, ended, unread=True), "an answer that ended replaces one cut short"
-    assert cache.get(PROMPT, params) == ended
+    final, long, short = ExactAnswer((1, 2, 3), 0, True), ExactAnswer((1, 2, 3, 4)), ExactAnswer((1,))
+    assert cache.put(PROMPT, params, final)
+    assert not cache.put(PROMPT, params, short) and not cache.put(PROMPT, params, long)
+    assert cache.get(PROMPT, params) == final and cache.snapshot()["kept"] == 2
+    cache.client.delete(cache.key(PROMPT, params))
+    assert cache.put(PROMPT, params, short)
+    assert cache.put(PROMPT, params, long), "a longer answer replaces a shorter one"
+    assert not cache.put(PROMPT, params, short)
+    assert cache.put(PROMPT, params, final), "a final answer replaces one stopped at its budget"
+    assert cache.get(PROMPT, params) == final and cache.snapshot()["kept"] == 3
 
 
 def test_a_value_of_another_type_under_a_key_is_deleted_as_corrupt_without_opening_the_breaker(cache):

@@ -36,9 +36,9 @@ def tier(redis_url: str, first_use: bool) -> tuple[ResponseTier, ExactResponseCa
 def test_an_answer_is_written_on_its_prompts_second_sighting(redis_server):
     responses, exact = tier(redis_server, first_use=False)
     once, twice = [5, 6, 7], [8, 9]
-    responses.remember(once, GREEDY, [0, 1], 0, ended=True)
-    responses.remember(twice, GREEDY, [2, 3], 0, ended=True)
-    responses.remember(twice, GREEDY, [2, 3], 0, ended=True)
+    responses.remember(once, GREEDY, [0, 1], 0, final=True)
+    responses.remember(twice, GREEDY, [2, 3], 0, final=True)
+    responses.remember(twice, GREEDY, [2, 3], 0, final=True)
     responses.close()  # drains the writer: every decision has been made
     assert exact.snapshot()["stores"] == 1 and responses.first_sightings == 2
     assert exact.get(twice, GREEDY) == spelled("cd") and exact.get(once, GREEDY) is None
@@ -47,11 +47,11 @@ def test_an_answer_is_written_on_its_prompts_second_sighting(redis_server):
 def test_warmup_answers_and_first_use_are_written_at_once(redis_server):
     responses, exact = tier(redis_server, first_use=False)
     warmup = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="tier-test", tier="warmup")
-    responses.remember([1, 2], warmup, [0], 0, ended=True)
+    responses.remember([1, 2], warmup, [0], 0, final=True)
     responses.close()
     assert exact.get([1, 2], warmup) == spelled("a") and responses.first_sightings == 0
     eager, eager_exact = tier(redis_server, first_use=True)
-    eager.remember([3, 4], GREEDY, [1], 0, ended=True)
+    eager.remember([3, 4], GREEDY, [1], 0, final=True)
     eager.close()
     assert eager_exact.get([3, 4], GREEDY) == spelled("b")
 
@@ -60,7 +60,7 @@ def test_sampled_answers_are_never_sighted_or_written(redis_server):
     responses, exact = tier(redis_server, first_use=False)
     sampled = EngineRequestParams(max_tokens=4, temperature=0.7, tenant="tier-test")
     for _ in range(2):
-        responses.remember([1, 2, 3], sampled, [0], 0, ended=True)
+        responses.remember([1, 2, 3], sampled, [0], 0, final=True)
     responses.close()
     assert exact.snapshot()["stores"] == 0 and responses.first_sightings == 0
 
@@ -73,7 +73,7 @@ def test_the_key_a_lookup_hashed_is_the_one_the_write_uses_and_is_not_hashed_aga
     hashed = []
     real_key = exact.key
     monkeypatch.setattr(exact, "key", lambda *args: hashed.append(args) or real_key(*args))
-    responses.remember(prompt, GREEDY, [7, 8], 0, found.key, ended=True)
+    responses.remember(prompt, GREEDY, [7, 8], 0, found.key, final=True)
     responses.close()
     assert hashed == [], "neither the admission nor the write hashed the prompt again"
     monkeypatch.undo()
@@ -90,11 +90,11 @@ def test_answers_the_writer_cannot_keep_up_with_are_dropped_without_waiting_and_
     release, writing = threading.Event(), threading.Event()
     real_put = exact.put
     exact.put = lambda *args, **kwargs: writing.set() or release.wait(5) and real_put(*args, **kwargs)
-    responses.remember([1], GREEDY, [0], 0, ended=True)
+    responses.remember([1], GREEDY, [0], 0, final=True)
     assert writing.wait(5), "the writer took the first answer"
     started = time.monotonic()
     for prompt in ([2], [3], [4], [5]):
-        responses.remember(prompt, GREEDY, [0], 0, ended=True)
+        responses.remember(prompt, GREEDY, [0], 0, final=True)
     assert time.monotonic() - started < 0.5, "remember never waits for a busy writer"
     assert responses.writes_dropped == 3, "one waits in the backlog of 1, the other three are dropped"
     assert cache_counters(None, responses)[("exact", "writes_dropped")] == 3
@@ -121,7 +121,7 @@ def test_an_answer_whose_write_raises_is_counted_and_later_answers_are_still_wri
 
     exact.put = put
     for prompt in ([1], [2]):
-        responses.remember(prompt, GREEDY, [0], 0, ended=True)
+        responses.remember(prompt, GREEDY, [0], 0, final=True)
     responses.close()
     assert exact.get([1], GREEDY) is None and exact.get([2], GREEDY) == spelled("a")
     assert responses.writes_failed == 1 and cache_counters(None, responses)[("exact", "writes_failed")] == 1
@@ -137,11 +137,11 @@ def test_a_first_sighting_is_decided_on_the_callers_thread_and_never_wakes_the_w
     monkeypatch.setattr(responses._writes, "submit", lambda item: submitted.append(item) or real_submit(item))
     prompt = [2, 7, 1, 8]
     key = responses.lookup(prompt, GREEDY).key
-    responses.remember(prompt, GREEDY, [0], 0, key, ended=True)
+    responses.remember(prompt, GREEDY, [0], 0, key, final=True)
     assert submitted == [] and responses.first_sightings == 1
-    responses.remember(prompt, GREEDY, [0], 0, key, ended=True)
+    responses.remember(prompt, GREEDY, [0], 0, key, final=True)
     assert [item.exact for item in submitted] == [True], "the second sighting goes to the writer, admitted"
-    responses.remember([9, 9], GREEDY, [1], 0, ended=True)  # no key hashed: the writer hashes and admits it
+    responses.remember([9, 9], GREEDY, [1], 0, final=True)  # no key hashed: the writer hashes and admits it
     assert [item.exact for item in submitted] == [True, None]
     responses.close()
     assert exact.get(prompt, GREEDY) == spelled("a") and exact.get([9, 9], GREEDY) is None
@@ -166,11 +166,11 @@ def test_a_key_the_scheduler_step_hashed_is_used_as_it_came_and_the_engine_hashe
     monkeypatch.setattr(exact, "key", lambda *args: hashed.append(args) or real_key(*args))
     found = responses.lookup(prompt, params)
     responses.remember(
-        prompt, params, [0], 0, found.key, ended=True
+        prompt, params, [0], 0, found.key, final=True
     )  # a first sighting: admitted on this thread
     assert found.tokens is None and found.key == ResponseKey(params.response_key, checked=False)
     assert hashed == [] and responses.claimed_keys == 1
-    responses.remember(prompt, params, [0], 0, responses.lookup(prompt, params).key, ended=True)
+    responses.remember(prompt, params, [0], 0, responses.lookup(prompt, params).key, final=True)
     responses.close()
     assert len(hashed) == 1, "the second sighting's write checked the key once, on the writer"
     monkeypatch.undo()
@@ -188,7 +188,7 @@ def test_a_forged_key_reads_and_overwrites_no_other_prompts_or_tenants_answer(re
     found = responses.lookup([1, 2], attacker)
     assert found.tokens is None, "another tenant's answer is never served for a forged key"
     assert found.key == ResponseKey(exact.key([1, 2], replace(GREEDY, tenant="attacker")), checked=True)
-    responses.remember([1, 2], attacker, [3], 0, ResponseKey(victim_key, checked=False), ended=True)
+    responses.remember([1, 2], attacker, [3], 0, ResponseKey(victim_key, checked=False), final=True)
     responses.close()
     assert exact.get(victim, victim_params) == answer("secret"), "nor is it overwritten"
     assert responses.forged_keys == 2 and cache_counters(None, responses)[("exact", "forged_keys")] == 2
@@ -236,7 +236,7 @@ def test_an_answer_that_spells_a_special_token_is_served_as_generated(redis_serv
     assert decoder.delta(output, 0, True) == b"<s>old</s>"  # what generation sends the client
     params = EngineRequestParams(max_tokens=16, exclude_input_in_output=True, tenant="t1")
     responses.remember(
-        [5, 6, 7, 8], params, output, 0, responses.lookup([5, 6, 7, 8], params).key, ended=True
+        [5, 6, 7, 8], params, output, 0, responses.lookup([5, 6, 7, 8], params).key, final=True
     )
     responses.close()
     found = responses.lookup([5, 6, 7, 8], params)
@@ -269,7 +269,7 @@ def test_with_a_sentencepiece_tokenizer_a_hit_decodes_as_generation_did(redis_se
     responses = build_response_tier(config, f"fp-{uuid.uuid4().hex[:8]}", tmp_path, decoder, print)
     prompt, output = tokenizer.encode("The capital of France is").ids, tokenizer.encode("Paris").ids
     params = EngineRequestParams(max_tokens=16, tenant="t1")
-    responses.remember(prompt, params, output, 0, responses.lookup(prompt, params).key, ended=True)
+    responses.remember(prompt, params, output, 0, responses.lookup(prompt, params).key, final=True)
     responses.close()
     served = responses.lookup(prompt, params).tokens
     assert decoder.delta(served, 0, True) == decoder.delta(output, 0, True) == b"Paris"
@@ -282,10 +282,10 @@ def test_a_tenant_flooding_one_off_prompts_does_not_delay_another_tenants_second
         exact, lambda text: [ord(c) - 97 for c in text], letters, first_use=False, sightings=64
     )
     quiet, flood = replace(GREEDY, tenant="quiet"), replace(GREEDY, tenant="flood")
-    responses.remember([1, 2, 3], quiet, [4], 0, ended=True)
+    responses.remember([1, 2, 3], quiet, [4], 0, final=True)
     for n in range(500):  # one-off prompts, far past the 64 sightings kept
-        responses.remember([n, n + 1, 7, 7], flood, [0], 0, ended=True)
-    responses.remember([1, 2, 3], quiet, [4], 0, ended=True)
+        responses.remember([n, n + 1, 7, 7], flood, [0], 0, final=True)
+    responses.remember([1, 2, 3], quiet, [4], 0, final=True)
     responses.close()
     assert exact.get([1, 2, 3], quiet) == spelled("e"), "the quiet tenant's second sighting was admitted"
     assert exact.snapshot()["stores"] == 1 and responses.first_sightings == 501
@@ -356,7 +356,7 @@ def test_the_engine_configs_exact_quota_reaches_the_cache(redis_server):
     responses = build_response_tier(config, f"fp-{uuid.uuid4().hex[:8]}", MODEL_DIR, decoder, print)
     prompts = [[5, 6, n] for n in range(3)]
     for prompt in prompts:
-        responses.remember(prompt, GREEDY, [7, 8], 0, responses.lookup(prompt, GREEDY).key, ended=True)
+        responses.remember(prompt, GREEDY, [7, 8], 0, responses.lookup(prompt, GREEDY).key, final=True)
     assert responses.drain_writes()
     assert [responses.lookup(p, GREEDY).tokens is not None for p in prompts] == [False, True, True]
     assert responses.cache.snapshot()["quota_evictions"] == 1

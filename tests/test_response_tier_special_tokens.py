@@ -52,7 +52,7 @@ def test_prompts_differing_only_in_a_special_token_spelling_do_not_share_a_seman
 
     (strike_text, strike_variant), (pad_text, pad_variant) = tier.prompt_text(strike), tier.prompt_text(pad)
     assert strike_text == pad_text and strike_variant != pad_variant  # the BOS is in neither variant
-    tier.remember(strike, params, answer_ids, 0, ended=True)
+    tier.remember(strike, params, answer_ids, 0, final=True)
     tier.close()  # drains the writer
     tier2 = build_response_tier(config, tier.cache.fingerprint, MODEL, decoder, lambda m: None)
     try:

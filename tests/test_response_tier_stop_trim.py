@@ -42,8 +42,11 @@ def model_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def engine_finish(decoder: TokenDecoder, output: list[int], stop: tuple[str, ...]) -> tuple[int, int]:
-    """What Engine._accept_token/_emit compute on the final response: (ready tokens, trim bytes)."""
+def engine_finish(
+    decoder: TokenDecoder, output: list[int], stop: tuple[str, ...]
+) -> tuple[list[int], int, int]:
+    """What Engine._accept_token/_emit compute on the final response: (the tokens generated up to the
+    one that completed the stop string, ready tokens, trim bytes)."""
     matcher = StopMatcher(stop)
     for count, token in enumerate(output, 1):
         if matcher.push(decoder.raw_bytes([token])):
@@ -51,7 +54,7 @@ def engine_finish(decoder: TokenDecoder, output: list[int], stop: tuple[str, ...
     else:
         raise AssertionError("the stop string never matched")
     ready, trim = matcher.releasable(finished=True)
-    return ready, trim
+    return output[:count], ready, trim
 
 
 def test_a_cached_answer_trimmed_at_a_stop_string_is_what_generation_sent(redis_server, model_dir):
@@ -63,7 +66,7 @@ def test_a_cached_answer_trimmed_at_a_stop_string_is_what_generation_sent(redis_
     params = EngineRequestParams(
         max_tokens=32, temperature=0.0, stop=("“",), exclude_input_in_output=True, tenant="trim"
     )
-    ready, trim = engine_finish(decoder, output, params.stop)
+    generated, ready, trim = engine_finish(decoder, output, params.stop)
     assert trim == 2  # the stop string begins inside ' \xe2\x80'
     # the miss: Engine._emit sends output[:ready] (exclude_input_in_output) with trim, the detokenizer decodes
     sent = decoder.delta(output[:ready], 0, True, trim).decode("utf-8")
@@ -78,9 +81,7 @@ def test_a_cached_answer_trimmed_at_a_stop_string_is_what_generation_sent(redis_
     fingerprint = f"fp-{uuid.uuid4().hex[:8]}"
     prompt = [5, 6, 7]
     tier = build_response_tier(config, fingerprint, model_dir, decoder, lambda m: None)
-    tier.remember(
-        prompt, params, output[:ready], trim, ended=True
-    )  # Engine._emit's call on the final response
+    tier.remember(prompt, params, generated, trim, final=True, sent=ready)  # Engine._emit's call
     tier.close()
     tier = build_response_tier(config, fingerprint, model_dir, decoder, lambda m: None)
     try:

@@ -351,6 +351,7 @@ def test_live_repeat_runs_prefill_again_and_fill_the_response_cache(grpc_url: st
     assert wait_for(lambda: cached("standard") == served + 2)  # and a client asking fewer tokens, too
     generate(grpc_url, sampled[0].prompt, sampling=greedy, tenant="acme")  # unseeded warmup kept nothing
     assert cached("standard") == served + 2
+
     # a run with fewer tokens refreshes the prefill but does not cut the kept answers down to its budget
     def decided() -> float:  # answers written, or not written since the entry there serves more
         return stored() + total("llm_engine_cache_total", tier="exact", counter="kept")
