@@ -7,7 +7,10 @@
       l2  a device pool just big enough for one long prompt, so an "evictor" prompt (another tenant)
           sent before every hit demotes the prefix to the host pool, whence the hit promotes it;
       l3  the same small device pool and no host pool: the evicted prefix is found in Redis (the
-          cost model decides whether loading beats recomputing; the decisions are reported).
+          cost model decides whether loading beats recomputing; the decisions are reported);
+      exact  the whole prompt again (greedy), its answer kept in the exact response cache after its
+          second sighting: the hit never reaches the model (the semantic cache does not look up
+          prompts past MiniLM's 256-token window, so it has no row at these lengths).
     Which tier served is read from the engine's cache counters (blocks per tier), not assumed;
 (b) throughput at 0% hit rate on one server, three kinds of requests interleaved: `cache=use` (every
     cache), `cache=kv-only` (the KV prefix tiers, no response cache) and `cache=bypass` (no cache), to
@@ -120,12 +123,12 @@ def hit_vs_miss(args, probe: TtftProbe, prompts: PromptFactory, lengths: list[in
     return rows
 
 
-TIERS = ("l1", "l2", "l3")
+TIERS = ("l1", "l2", "l3", "exact")
 
 
 def tier_options(args, tier: str, model_dir: Path, small_l1: int) -> StackOptions:
     """A server on which a repeated prefix is served from `tier`."""
-    opts = options(args, f"tier-{tier}", model_dir, 256 if tier == "l1" else small_l1)
+    opts = options(args, f"tier-{tier}", model_dir, 256 if tier in ("l1", "exact") else small_l1)
     if tier == "l3":
         opts.overrides["llm_engine"]["l2_cache_blocks"] = "0"
     return opts
@@ -148,7 +151,8 @@ def cache_totals(
 
 SERVED = {"l1": ("l1", "hit_blocks"), "l2": ("l2", "hit_blocks"), "l3": ("l3", "hits"),
           "l3_load": ("l3", "decision_load"), "l3_recompute": ("l3", "decision_recompute"),
-          "l3_explore": ("l3", "decision_explore")}  # fmt: skip
+          "l3_explore": ("l3", "decision_explore"), "exact": ("exact", "hits"),
+          "exact_stores": ("exact", "stores")}  # fmt: skip
 BOOKKEEPING = {"lookup": ("prefix", "lookup_seconds"), "store": ("prefix", "store_seconds"),
                "l3_probe": ("l3", "probe_seconds"), "l3_probes": ("l3", "probes"),
                "l3_probe_wait": ("l3", "probe_wait_seconds"),
@@ -170,23 +174,16 @@ def per_tier(args, model_dir: Path, prompts: PromptFactory, lengths: list[int]) 
             try:
                 for tokens in lengths:
                     before = served_blocks(stack.metrics_url, probe, prompts)
-                    prefix = prompts.make(int(tokens * 0.9))
-                    tail = max(2, tokens - int(tokens * 0.9))
-                    probe.ttft_ms(prefix + prompts.make(tail), tenant="bench-hit")  # primes the tiers
-                    hits, misses = [], []
-                    for i in range(args.repeats):
-                        if tier != "l1":
-                            probe.ttft_ms(prompts.make(small_l1 * 16 + 8), tenant=f"bench-evict-{tokens}-{i}")
-                        hits.append(probe.ttft_ms(prefix + prompts.make(tail), tenant="bench-hit"))
-                        misses.append(
-                            probe.ttft_ms(prefix + prompts.make(tail), tenant=f"bench-miss-{tokens}-{i}")
-                        )
+                    if tier == "exact":
+                        hits, misses = exact_hits_and_misses(args, stack.metrics_url, probe, prompts, tokens)
+                    else:
+                        hits, misses = prefix_hits_and_misses(args, tier, probe, prompts, tokens, small_l1)
                     after = served_blocks(stack.metrics_url, probe, prompts)
                     served = {k: after[k] - before[k] for k in after}
                     hit_ms, miss_ms = median(hits), median(misses)
                     rows.append([
                         tier, tokens, miss_ms, hit_ms, hit_ms / miss_ms,
-                        f"{served['l1']:g}/{served['l2']:g}/{served['l3']:g}",
+                        f"{served['l1']:g}/{served['l2']:g}/{served['l3']:g}/{served['exact']:g}",
                         f"{served['l3_load']:g}/{served['l3_recompute']:g}/{served['l3_explore']:g}",
                     ])  # fmt: skip
                     progress(
@@ -195,6 +192,44 @@ def per_tier(args, model_dir: Path, prompts: PromptFactory, lengths: list[int]) 
             finally:
                 probe.close()
     return rows
+
+
+def prefix_hits_and_misses(
+    args, tier: str, probe: TtftProbe, prompts: PromptFactory, tokens: int, small_l1: int
+) -> tuple[list[float], list[float]]:
+    """TTFTs of prompts sharing 90% of a prefix: its tenant's (hits) and fresh tenants' (misses)."""
+    prefix = prompts.make(int(tokens * 0.9))
+    tail = max(2, tokens - int(tokens * 0.9))
+    probe.ttft_ms(prefix + prompts.make(tail), tenant="bench-hit")  # primes the tiers
+    hits, misses = [], []
+    for i in range(args.repeats):
+        if tier != "l1":
+            probe.ttft_ms(prompts.make(small_l1 * 16 + 8), tenant=f"bench-evict-{tokens}-{i}")
+        hits.append(probe.ttft_ms(prefix + prompts.make(tail), tenant="bench-hit"))
+        misses.append(probe.ttft_ms(prefix + prompts.make(tail), tenant=f"bench-miss-{tokens}-{i}"))
+    return hits, misses
+
+
+def exact_hits_and_misses(
+    args, metrics_url: str, probe: TtftProbe, prompts: PromptFactory, tokens: int
+) -> tuple[list[float], list[float]]:
+    """TTFTs of one greedy prompt whose answer the exact cache holds (hits) and of fresh prompts of the
+    same length (misses: computed in full). The answer is written behind on the prompt's second sighting;
+    the hits wait until the engine counts the write."""
+    prompt = prompts.make(tokens)
+    stores = cache_totals(metrics_url, probe, prompts.make(8), SERVED)["exact_stores"]
+    for _ in range(2):
+        probe.ttft_ms(prompt, tenant="bench-exact")
+    deadline = time.monotonic() + 30
+    while cache_totals(metrics_url, probe, prompts.make(8), SERVED)["exact_stores"] <= stores:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the exact cache did not keep the {tokens}-token answer within 30 s")
+    hits = [probe.ttft_ms(prompt, tenant="bench-exact") for _ in range(args.repeats)]
+    misses = [
+        probe.ttft_ms(prompts.make(tokens), tenant=f"bench-exact-miss-{tokens}-{i}")
+        for i in range(args.repeats)
+    ]
+    return hits, misses
 
 
 THROUGHPUT_MAX_TOKENS = 16
@@ -345,11 +380,13 @@ def plot(tier_rows: list[list[object]], path: Path) -> None:
     labels = [f"{r[0]}\n{r[1]} tok" for r in tier_rows]
     xs = range(len(tier_rows))
     ax.bar([x - 0.2 for x in xs], [r[2] for r in tier_rows], 0.4, label="miss")
-    ax.bar([x + 0.2 for x in xs], [r[3] for r in tier_rows], 0.4, label="hit (90% prefix cached)")
+    ax.bar(
+        [x + 0.2 for x in xs], [r[3] for r in tier_rows], 0.4, label="hit (90% prefix cached; exact: answer)"
+    )
     ax.set_xticks(list(xs), labels)
     ax.set_xlabel("tier that served the hit, prompt length")
     ax.set_ylabel("median TTFT (ms)")
-    ax.set_title("Prefix cache: TTFT hit vs miss per tier")
+    ax.set_title("TTFT hit vs miss per serving tier")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -454,8 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         progress("(a) per serving tier")
         tier_rows = per_tier(args, model_dir, prompts, lengths)
         table_tiers = print_table(
-            ["tier", "tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss", "blocks served L1/L2/L3",
-             "L3 load/recompute/explore decisions"],
+            ["tier", "tokens", "miss TTFT ms", "hit TTFT ms", "hit/miss",
+             "served: L1/L2 blocks, L3 chains, exact answers", "L3 load/recompute/explore decisions"],
             tier_rows,
         )  # fmt: skip
     progress("(b) throughput at 0% hit rate, cache use vs kv-only vs bypass on one server")
@@ -522,8 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     text = (
         f"(a) L1 (prefix kept in the device pool)\n{table_a}\n\n(a) per serving tier (medians of "
         f"{args.repeats}; before every l2/l3 hit an evictor prompt of another tenant pushes the prefix out "
-        f"of a device pool sized for one long prompt; 'blocks served' are the engine's own counters over "
-        f"the row, evictors and misses included)\n{table_tiers}\n\n{text_b}"
+        f"of a device pool sized for one long prompt; an exact hit is the whole prompt again, its greedy "
+        f"answer kept after its second sighting, against fresh prompts of that length; 'served' are the "
+        f"engine's own counters over the row, evictors and misses included)\n{table_tiers}\n\n{text_b}"
     )
     base = write_results("prefix-cache", tag, payload, text, command, args.out_dir)
     plot(tier_rows, base.with_suffix(".png"))
