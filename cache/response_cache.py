@@ -49,6 +49,7 @@ FORMAT_VERSION = 2  # 2: token ids, how many were sent, trim and final (1: the t
 # v3: max_tokens out of the key; v2 (ids packed, not in the JSON) and v1 entries are never read, expire by TTL
 KEY_PREFIX = "llm:resp:exact:v3"
 MAX_TOKEN_ID = (1 << 31) - 1
+_UNREAD = object()  # `_entry_serving_more`: the read failed
 INDEX_PREFIX = "llm:resp:exact-index:v2"  # a tenant quota's index: under no model's namespace, any fp
 
 
@@ -68,7 +69,7 @@ class ExactCacheStats:
     corrupt: int = 0  # values that failed version/checksum validation (deleted)
     uncacheable: int = 0  # get/put calls for non-deterministic requests
     shorter: int = 0  # misses on an entry that stopped at a smaller max_tokens (counted in misses too)
-    kept: int = 0  # writes not made: the entry there served more budgets (renewed instead)
+    kept: int = 0  # writes of the entry already there, which served more budgets, instead of the answer
     stores: int = 0
     quota_evictions: int = 0  # answers the tenant quota deleted (the tenant's least recently used)
     renewals: int = 0  # hits told to Redis, so that the quota trims by last use (only with a quota)
@@ -430,12 +431,12 @@ class ExactResponseCache(RedisCacheBase):
         answer: ExactAnswer,
         key: str | None = None,
     ) -> bool:
-        """`key`: as for `get`. The entry there is read first and kept when it serves a budget `answer`
-        does not (`kept`; its TTL, and with a quota its place in the tenant's index, renewed as a write
-        would): a warmup run with a small `max_tokens` (`cache=refresh` reads nothing before) and a write
-        after a lookup that failed, or raced another replica's write, must not cut the answers clients
-        are served down to their budget. At most one GET, on the writer thread, and none for a key the
-        key directory knows is absent."""
+        """`key`: as for `get`. An answer that is not final reads the entry first (`_entry_serving_more`):
+        one that serves a budget the answer does not is written again in its place (`kept`; False is
+        returned), so that a warmup run with a small `max_tokens` (`cache=refresh` reads nothing before)
+        or a write after a failed lookup does not cut the answers clients are served down to its budget,
+        and the entry's TTL and quota listing are renewed as the write would have. No GET for a key the
+        key directory knows is absent (most writes follow a miss)."""
         if not self.cacheable(params):
             self._count("uncacheable")
             return False
@@ -443,9 +444,11 @@ class ExactResponseCache(RedisCacheBase):
         value = self.encode_value(key, answer)
         if len(value) > self.max_value_bytes:
             return False
-        if self._kept_instead(key, answer, params.tenant):
-            self._count("kept")
+        better = self._entry_serving_more(key, answer)
+        if better is _UNREAD:
             return False
+        if better is not None:
+            value = better
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
             return False
         index = self.tenant_index(params.tenant) if self.tenant_max_entries else None
@@ -467,40 +470,37 @@ class ExactResponseCache(RedisCacheBase):
             return False
         if self.directory is not None:
             self.directory.add([key])
-        self._count("stores")
-        return True
+        self._count("stores" if better is None else "kept")
+        return better is None
 
-    def _kept_instead(self, key: str, answer: ExactAnswer, tenant: str) -> bool:
-        """Whether the entry under `key` serves a budget `answer` does not, renewed if so (False when
-        there is none, it is unreadable, or Redis is unavailable: the write goes ahead or fails as any)."""
-        if answer.final:  # it serves every budget
-            return False
+    def _entry_serving_more(self, key: str, answer: ExactAnswer) -> bytes | None | object:
+        """The value under `key` when it serves a budget `answer` does not: written again in its place, as
+        the write would have been (fresh TTL, listed in a quota's index, announced). None: write `answer`
+        (no entry, an unreadable one, or `answer` is final and serves every budget). `_UNREAD` when the
+        read failed: a write that cannot tell whether it would cut an entry down is not made (Redis is
+        failing anyway, and a later request writes again)."""
+        if answer.final:
+            return None
         if self.directory is not None and self.directory.contains(key) is False:
-            return False  # no entry: most writes, which follow a miss, send no GET
+            return None  # no entry: most writes, which follow a miss, send no GET
+        if not self.full.allow():  # writes paused (counted by the gate): no read for a write not sent
+            return _UNREAD
         if not self.breaker.allow():
-            return False
+            self._count("errors")
+            return _UNREAD
         try:
             raw = self.client.get(key)
         except self._redis_errors as exc:
             if is_wrong_type(exc):  # Redis answered; the SET replaces the bad value
                 self.breaker.record_success()
-            else:
-                self._fail()
-            return False
+                return None
+            self._fail()
+            return _UNREAD
         self.breaker.record_success()
         stored = None if raw is None else self.decode_value(key, raw)
         if stored is None or not (stored.final or len(stored.ids) > len(answer.ids)):
-            return False
-        if self.tenant_max_entries:
-            self.renew([key], tenant)
-        elif self._may_write():
-            try:
-                self.client.expire(key, self.ttl_s)
-            except self._redis_errors as exc:
-                self._write_failed(exc)
-            else:
-                self.breaker.record_success()
-        return True
+            return None
+        return raw
 
     def renew(self, keys: Sequence[str], tenant: str) -> bool:
         """With a tenant quota: mark the tenant's answers `keys` (hits) as just used, with a fresh TTL, so
@@ -514,7 +514,10 @@ class ExactResponseCache(RedisCacheBase):
             self._write_failed(exc)
             return False
         self.breaker.record_success()
-        self._count("bad_indexes" if reply == INDEX_DROPPED else "renewals")
+        if reply == INDEX_DROPPED:
+            self._count("bad_indexes")
+        elif reply:  # 0: none of `keys` listed (another tenant's, or written before the quota)
+            self._count("renewals")
         return reply != INDEX_DROPPED
 
     # -- internals -------------------------------------------------------------------------------

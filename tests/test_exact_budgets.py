@@ -198,3 +198,62 @@ def test_a_write_after_a_failed_lookup_does_not_cut_a_longer_entry_down(redis_se
         assert cache.snapshot()["kept"] == 1
     finally:
         tier.close()
+
+
+def test_a_write_whose_own_read_fails_is_not_made(redis_server, monkeypatch):
+    """Redis stalls past the timeout (a fork, a long quota trim): the lookup's GET and the write's GET both
+    time out, and a SET sent right after would go through once the stall ends, a 2-token answer replacing
+    a final one (every budget over 2 would miss again). A write that cannot read is not made."""
+    cache = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
+    tier = ResponseTier(cache, lambda text: [], lambda ids, trim: b"", first_use=True)
+    prompt = [1, 2, 3]
+    long = EngineRequestParams(max_tokens=64, temperature=0.0, tenant="stall")
+    short = EngineRequestParams(max_tokens=2, temperature=0.0, tenant="stall")
+    final = ExactAnswer(tuple(range(8)), final=True)  # ended (EOS) after 8 tokens
+    try:
+        assert cache.put(prompt, long, final)
+        real_get, calls = cache.client.get, []
+
+        def stalled_twice(key):
+            calls.append(key)
+            if len(calls) <= 2:  # the lookup's GET and the writer's GET
+                raise redis.TimeoutError("Timeout reading from socket")
+            return real_get(key)
+
+        monkeypatch.setattr(cache.client, "get", stalled_twice)
+        found = tier.lookup(prompt, short)
+        assert found.tokens is None
+        tier.remember(prompt, short, [0, 1], 0, found.key, final=False)  # Engine._emit on "length"
+        assert tier.drain_writes()
+        assert len(calls) == 2
+        assert cache.get(prompt, long) == final, cache.snapshot()
+        assert cache.snapshot()["errors"] == 2, "one failure per GET, no SET sent after the second"
+    finally:
+        tier.close()
+
+
+def test_a_kept_entry_unlisted_by_the_quota_index_is_listed_and_renewed(redis_server):
+    """A kept entry is written again in the answer's place, so it is listed in the tenant's quota index and
+    gets a fresh TTL even when the index did not list it (written before the quota was turned on, by a
+    replica without it in a rolling update, or after the index was dropped as another type): renewing it
+    through the index left such an entry alone."""
+    fp = f"fp-{uuid.uuid4().hex[:8]}"
+    plain = ExactResponseCache(redis_server, fp, timeout_s=0.5)  # a replica without the quota
+    quota = ExactResponseCache(redis_server, fp, timeout_s=0.5, tenant_max_entries=8)
+    raw = redis.Redis.from_url(redis_server)
+    prompt = [4, 5, 6]
+    client = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="q")
+    warmup = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="q", cache="refresh", tier="warmup")
+    try:
+        assert plain.put(prompt, client, ExactAnswer(tuple(range(8))))
+        key = quota.key(prompt, client)
+        raw.expire(key, 3600)
+        assert not quota.put(prompt, warmup, ExactAnswer(tuple(range(4))))
+        assert quota.snapshot()["kept"] == 1
+        listed = raw.zscore(quota.tenant_index("q"), key) is not None
+        assert raw.ttl(key) > 3600 and listed
+        assert quota.get(prompt, client) == ExactAnswer(tuple(range(8)))
+    finally:
+        plain.close()
+        quota.close()
+        raw.close()
