@@ -1,6 +1,8 @@
 """Command line client: `python -m client generate [options] PROMPT`, `python -m client warmup --rewarm`,
 `python -m client warmup --log LOG [--templates YAML] [options]` (the warmup job, client/warmup_job.py),
-`python -m client prime` (readiness and priming), `python -m client cache` (the cache tiers' figures)."""
+`python -m client prime` (readiness and priming), `python -m client cache` (the cache tiers' figures),
+`python -m client forget-tenant` (erase a tenant's cached data in Redis), `python -m client tenant-token`
+(sign a tenant's token)."""
 
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ class TierRow:
     held: float | None  # blocks held now (L1/L2)
     capacity: float | None
     evictions: float
-    seconds_saved: float
-    seconds_lost: float  # loads slower than recomputing would have been
+    seconds_saved: float | None  # KV tiers only: None for the response caches, which time no recompute
+    seconds_lost: float | None  # loads slower than recomputing would have been
     errors: float  # Redis unreachable, slow or failing
     bad_values: float  # corrupt, incompatible or half-evicted values, deleted
     refused_writes: float  # writes a full or read-only Redis refused (reads went on)
@@ -54,6 +54,7 @@ class TierRow:
 # L3 and the exact cache have no evictions of their own (Redis evicts at maxmemory: `python -m client
 # cache --redis-url`); what the engine deletes there is a tenant quota's trim
 EVICTION_COUNTER = {"l3": "quota_evictions", "exact": "quota_evictions"}
+KV_TIERS = ("l1", "l2", "l3")  # the tiers that price a reuse against recomputing it (seconds saved, lost)
 
 
 def hits(tier: str, counter) -> float:
@@ -87,8 +88,8 @@ def tier_rows(metrics: dict[str, float]) -> list[TierRow]:
                 held=gauge("blocks"),
                 capacity=gauge("capacity_blocks"),
                 evictions=counter(EVICTION_COUNTER.get(tier, "evictions")),
-                seconds_saved=counter("seconds_saved"),
-                seconds_lost=counter("seconds_lost_slow_load"),
+                seconds_saved=counter("seconds_saved") if tier in KV_TIERS else None,
+                seconds_lost=counter("seconds_lost_slow_load") if tier in KV_TIERS else None,
                 errors=counter("errors"),
                 bad_values=sum(counter(name) for name in BAD_COUNTERS),
                 refused_writes=counter("full_refusals") + counter("readonly_refusals"),
@@ -112,7 +113,8 @@ def format_rows(rows: list[TierRow]) -> str:
         held += "" if row.fill is None else f" ({row.fill:.0%})"
         body.append([
             row.tier, f"{row.hits:g} {row.unit}", _figure(row.misses), _figure(row.hit_rate, "{:.1%}"), held,
-            f"{row.evictions:g}", f"{row.seconds_saved:.3f}", f"{row.seconds_lost:.3f}", f"{row.errors:g}",
+            f"{row.evictions:g}", _figure(row.seconds_saved, "{:.3f}"), _figure(row.seconds_lost, "{:.3f}"),
+            f"{row.errors:g}",
             f"{row.bad_values:g}", f"{row.refused_writes:g}",
         ])  # fmt: skip
     widths = [max(len(str(line[i])) for line in [headers, *body]) for i in range(len(headers))]

@@ -37,6 +37,7 @@ class PlannedRequest:
     prompt: str
     max_tokens: int
     prompt_tokens: int = 0  # the length asked for; the prompt's real count may differ by a token or two
+    cache: str | None = None  # the request's `cache` mode (None: the server's default, `use`)
 
     def sampling(self) -> dict[str, Any]:
         """sampling_parameters: ignore_eos so the output length is the one planned, not the model's EOS."""
@@ -228,6 +229,8 @@ def perf_analyzer_entry(
         "slo_tier": tensor(request.tier),
         "tenant": tensor(request.tenant),
     }
+    if request.cache is not None:
+        entry["cache"] = tensor(request.cache)
     if (token := token_from_env(request.tenant, ttl_s=token_ttl_s)) is not None:
         entry["tenant_token"] = tensor(token)
     return entry

@@ -48,6 +48,7 @@ def test_each_reported_tier_gets_its_figures_and_absent_tiers_none():
     assert (l3.hits, l3.misses, l3.hit_rate, l3.unit) == (5, 15, 0.25, "chains")
     assert (l3.bad_values, l3.refused_writes, l3.capacity, l3.evictions) == (3, 4, None, 5)  # quota trims
     assert (exact.hit_rate, exact.errors, exact.unit, exact.evictions) == (0.75, 7, "requests", 11)
+    assert (exact.seconds_saved, exact.seconds_lost) == (None, None)  # it times no recompute: not "0.000"
     assert l3.decisions == {"load": 2, "recompute": 9, "explore": 1} and l1.decisions is None
 
 

@@ -3,6 +3,8 @@ run and a perf_analyzer run of the exported plan against the real stack (`grpc_u
 
 from __future__ import annotations
 
+import io
+import json
 import math
 import os
 import re
@@ -19,6 +21,7 @@ from conftest import wait_for
 from client.arrivals import arrival_times
 from client.generate import GenerationResult
 from client.metrics import IN_FLIGHT_METRICS, holds_requests, metric_total, scrape_metrics
+from client.load import main as load_main
 from client.load import (
     RequestRecord,
     is_rejection,
@@ -28,6 +31,7 @@ from client.load import (
     summarize,
     summary_table,
 )
+from deploy.launch import find_free_port
 from client.workload import (
     DEFAULT_MODEL_DIR,
     CorpusPrompts,
@@ -92,6 +96,31 @@ def test_rejections_are_told_apart_from_errors_and_timeouts() -> None:
         0, plan, 1.2, GenerationResult("", ["a", "b", "", "c"], 0.1, 0.5, None, "r"), 10.0
     )
     assert ok.output_tokens == 3 and ok.tpot_s == pytest.approx(0.2) and ok.send_lag_s == pytest.approx(0.2)
+
+
+def test_the_cli_computes_every_answer_by_default_and_exports_that(tmp_path: Path) -> None:
+    """A greedy plan replayed with the server's default (`use`) is answered from the exact response cache
+    from a prompt's second sighting on: perf_analyzer then measured that cache at ~700 requests/s, not
+    serving (found by a README walkthrough). The CLI sends and exports `kv-only` unless told otherwise."""
+    if not (DEFAULT_MODEL_DIR / "tokenizer.json").exists():
+        pytest.skip("make setup builds models/tiny-llama")
+    modes = {}
+    for extra, name in (([], "default"), (["--cache", "use"], "use")):
+        path = tmp_path / f"{name}.json"
+        argv = ["--count", "3", "--export-only", "--export-perf-analyzer", str(path), *extra]
+        assert load_main(argv, io.StringIO(), io.StringIO()) == 0
+        modes[name] = {e["cache"]["content"][0] for e in json.loads(path.read_text())["data"]}
+    assert modes == {"default": {"kv-only"}, "use": {"use"}}
+
+
+def test_the_cli_exits_1_when_requests_fail() -> None:
+    """A run whose requests all failed (no server) must not look like a success to a script."""
+    if not (DEFAULT_MODEL_DIR / "tokenizer.json").exists():
+        pytest.skip("make setup builds models/tiny-llama")
+    out = io.StringIO()
+    argv = ["--url", f"localhost:{find_free_port()}", "--count", "2", "--rate", "50", "--timeout", "10"]
+    assert load_main(argv, out, io.StringIO()) == 1
+    assert "error example" in out.getvalue()
 
 
 # ------------------------------------------------------------------------------------ against a server

@@ -124,6 +124,15 @@ def test_perf_analyzer_json_shape(tmp_path: Path) -> None:
         export_perf_analyzer_json([], tmp_path / "empty.json")
 
 
+def test_a_plans_cache_mode_is_exported_and_none_leaves_the_servers_default(tmp_path: Path) -> None:
+    plan = [
+        PlannedRequest(0.0, "batch", "t", "x", 4, 1, cache="kv-only"),
+        PlannedRequest(0.1, "batch", "t", "x", 4),
+    ]
+    entries = json.loads(export_perf_analyzer_json(plan, tmp_path / "in.json").read_text())["data"]
+    assert entries[0]["cache"] == {"content": ["kv-only"], "shape": [1]} and "cache" not in entries[1]
+
+
 @pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "tokenizer.json").exists(), reason="make setup builds the model")
 def test_corpus_prompts_have_about_the_requested_token_count() -> None:
     prompts = CorpusPrompts(DEFAULT_MODEL_DIR)
