@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import redis
 
 from cache.response_cache import ExactAnswer, ExactResponseCache
@@ -153,26 +154,6 @@ def test_an_answer_cut_at_the_models_last_position_serves_every_larger_budget(mo
         engine.responses.close()
 
 
-def test_a_kept_entry_gets_the_fresh_ttl_the_write_would_have_given_it(redis_server):
-    """A warmup refresh that keeps a client's longer answer renews it: the job runs before the peak, and an
-    entry a client wrote 23 h earlier must not expire during it."""
-    cache = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5, ttl_s=86400)
-    raw = redis.Redis.from_url(redis_server)
-    prompt = [1, 2, 3]
-    client = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="ttl")
-    warmup = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="ttl", cache="refresh", tier="warmup")
-    try:
-        assert cache.put(prompt, client, ExactAnswer(tuple(range(8))))
-        key = cache.key(prompt, client)
-        raw.expire(key, 3600)
-        assert not cache.put(prompt, warmup, ExactAnswer(tuple(range(4))))
-        assert cache.snapshot()["kept"] == 1 and raw.ttl(key) > 3600
-        assert cache.get(prompt, client) == ExactAnswer(tuple(range(8)))
-    finally:
-        cache.close()
-        raw.close()
-
-
 def test_a_write_after_a_failed_lookup_does_not_cut_a_longer_entry_down(redis_server, monkeypatch):
     cache = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     tier = ResponseTier(cache, lambda text: [], lambda ids, trim: b"", first_use=True)
@@ -232,28 +213,30 @@ def test_a_write_whose_own_read_fails_is_not_made(redis_server, monkeypatch):
         tier.close()
 
 
-def test_a_kept_entry_unlisted_by_the_quota_index_is_listed_and_renewed(redis_server):
-    """A kept entry is written again in the answer's place, so it is listed in the tenant's quota index and
-    gets a fresh TTL even when the index did not list it (written before the quota was turned on, by a
-    replica without it in a rolling update, or after the index was dropped as another type): renewing it
-    through the index left such an entry alone."""
+@pytest.mark.parametrize("quota", [0, 8])
+def test_a_kept_entry_is_written_again_listed_and_with_a_fresh_ttl(redis_server, quota):
+    """A warmup refresh that keeps a client's longer answer writes that answer again in its place: the job
+    runs before the peak, and an entry a client wrote 23 h earlier must not expire during it. With a quota
+    (the second writer's, the first had none: written before the quota was turned on, or by a replica
+    without it in a rolling update) the entry is listed in the tenant's index too; renewing it through
+    the index left an entry the index did not list alone (found in review)."""
     fp = f"fp-{uuid.uuid4().hex[:8]}"
-    plain = ExactResponseCache(redis_server, fp, timeout_s=0.5)  # a replica without the quota
-    quota = ExactResponseCache(redis_server, fp, timeout_s=0.5, tenant_max_entries=8)
+    plain = ExactResponseCache(redis_server, fp, timeout_s=0.5, ttl_s=86400)
+    warmer = ExactResponseCache(redis_server, fp, timeout_s=0.5, ttl_s=86400, tenant_max_entries=quota)
     raw = redis.Redis.from_url(redis_server)
     prompt = [4, 5, 6]
     client = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="q")
     warmup = EngineRequestParams(max_tokens=4, temperature=0.0, tenant="q", cache="refresh", tier="warmup")
     try:
         assert plain.put(prompt, client, ExactAnswer(tuple(range(8))))
-        key = quota.key(prompt, client)
+        key = warmer.key(prompt, client)
         raw.expire(key, 3600)
-        assert not quota.put(prompt, warmup, ExactAnswer(tuple(range(4))))
-        assert quota.snapshot()["kept"] == 1
-        listed = raw.zscore(quota.tenant_index("q"), key) is not None
-        assert raw.ttl(key) > 3600 and listed
-        assert quota.get(prompt, client) == ExactAnswer(tuple(range(8)))
+        assert not warmer.put(prompt, warmup, ExactAnswer(tuple(range(4))))
+        assert warmer.snapshot()["kept"] == 1 and raw.ttl(key) > 3600
+        assert warmer.get(prompt, client) == ExactAnswer(tuple(range(8)))
+        listed = raw.zscore(warmer.tenant_index("q"), key) is not None
+        assert listed == bool(quota)
     finally:
         plain.close()
-        quota.close()
+        warmer.close()
         raw.close()
