@@ -49,7 +49,8 @@ FORMAT_VERSION = 2  # 2: token ids, how many were sent, trim and final (1: the t
 # v3: max_tokens out of the key; v2 (ids packed, not in the JSON) and v1 entries are never read, expire by TTL
 KEY_PREFIX = "llm:resp:exact:v3"
 MAX_TOKEN_ID = (1 << 31) - 1
-_UNREAD = object()  # `_entry_serving_more`: the read failed
+_UNREAD = object()  # `_read`: the breaker is open or the GET failed
+_WRONG_TYPE = object()  # `_read`: another Redis type under the key
 INDEX_PREFIX = "llm:resp:exact-index:v2"  # a tenant quota's index: under no model's namespace, any fp
 
 
@@ -139,6 +140,11 @@ class ExactAnswer:
         if self.final or max_tokens == len(self.ids):
             return self
         return None
+
+    def serves_more_than(self, other: ExactAnswer) -> bool:
+        """Whether some budget gets this answer from `within` and not `other`'s: `other` is not final, and
+        this one is, or holds more tokens."""
+        return not other.final and (self.final or len(self.ids) > len(other.ids))
 
     def document(self) -> list[Any]:
         return [list(self.ids), self.sent, self.trim, self.final]
@@ -386,18 +392,11 @@ class ExactResponseCache(RedisCacheBase):
             self._count("misses")
             self._count("local_misses")
             return None
-        if not self.breaker.allow():
-            self._count("errors")
+        raw = self._read(key)
+        if raw is _UNREAD:
             return None
-        try:
-            raw = self.client.get(key)
-        except self._redis_errors as exc:
-            if is_wrong_type(exc):  # another type under our key: a bad value; Redis itself answered
-                self.breaker.record_success()
-                return self._reject(key)
-            self._fail()
-            return None
-        self.breaker.record_success()
+        if raw is _WRONG_TYPE:  # another type under our key: a bad value
+            return self._reject(key)
         if raw is None:
             self._forget(key)
             self._count("misses")
@@ -479,27 +478,33 @@ class ExactResponseCache(RedisCacheBase):
         (no entry, an unreadable one, or `answer` is final and serves every budget). `_UNREAD` when the
         read failed: a write that cannot tell whether it would cut an entry down is not made (Redis is
         failing anyway, and a later request writes again)."""
-        if answer.final:
+        if answer.final:  # nothing serves more: no read
             return None
         if self.directory is not None and self.directory.contains(key) is False:
             return None  # no entry: most writes, which follow a miss, send no GET
         if not self.full.allow():  # writes paused (counted by the gate): no read for a write not sent
             return _UNREAD
+        raw = self._read(key)
+        if raw is _UNREAD:
+            return _UNREAD
+        stored = self.decode_value(key, raw) if isinstance(raw, bytes) else None  # a bad value: replaced
+        return raw if stored is not None and stored.serves_more_than(answer) else None
+
+    def _read(self, key: str) -> bytes | None | object:
+        """GET `key` through the breaker: its value, None when absent, `_WRONG_TYPE` when another type sits
+        under it (Redis answered), or `_UNREAD` when the breaker is open (counted an error) or the GET
+        failed (a breaker failure)."""
         if not self.breaker.allow():
             self._count("errors")
             return _UNREAD
         try:
             raw = self.client.get(key)
         except self._redis_errors as exc:
-            if is_wrong_type(exc):  # Redis answered; the SET replaces the bad value
-                self.breaker.record_success()
-                return None
-            self._fail()
-            return _UNREAD
+            if not is_wrong_type(exc):
+                self._fail()
+                return _UNREAD
+            raw = _WRONG_TYPE
         self.breaker.record_success()
-        stored = None if raw is None else self.decode_value(key, raw)
-        if stored is None or not (stored.final or len(stored.ids) > len(answer.ids)):
-            return None
         return raw
 
     def renew(self, keys: Sequence[str], tenant: str) -> bool:
