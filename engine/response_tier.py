@@ -73,10 +73,7 @@ class _Answer:
 
     prompt_ids: list[int]
     params: EngineRequestParams
-    output: list[int]  # every token generated
-    sent: int  # how many of them the final response sent (fewer when a stop string began earlier)
-    trim: int
-    final: bool  # no larger budget gets more tokens (`ExactAnswer.final`)
+    answer: ExactAnswer
     key: ResponseKey | None
     exact: bool | None
     paraphrases: bool = True  # whether the semantic cache may keep it for other prompts
@@ -243,10 +240,8 @@ class ResponseTier:
         exact = None if key is None else self._admit(key.value, params)
         semantic = self.semantic is not None and paraphrases
         if exact is not False or semantic:  # else nothing to write: the writer sleeps on
-            sent = len(output) if sent is None else sent
-            self._writes.submit(
-                _Answer(prompt_ids, params, output, sent, trim, final, key, exact, paraphrases)
-            )
+            answer = ExactAnswer(tuple(output), trim, final, sent)
+            self._writes.submit(_Answer(prompt_ids, params, answer, key, exact, paraphrases))
         self._spent(began)
 
     def _admit(self, key: str, params: EngineRequestParams) -> bool:
@@ -295,11 +290,10 @@ class ResponseTier:
         if not exact and not semantic:
             return
         if exact:
-            answer = ExactAnswer(tuple(item.output), item.trim, item.final, item.sent)
-            self.cache.put(item.prompt_ids, item.params, answer, key.value)
+            self.cache.put(item.prompt_ids, item.params, item.answer, key.value)
         if semantic:
             # trimmed in the raw bytes, as the detokenizer trims what it sends: `trim` counts raw bytes, and
             # a character cut by the stop string is one U+FFFD (3 bytes) once sanitized
-            text = self.token_bytes(item.output[: item.sent], item.trim).decode("utf-8", errors="replace")
+            text = self.token_bytes(*item.answer.response).decode("utf-8", errors="replace")
             question, variant = self.prompt_text(item.prompt_ids)
             self.semantic.store(question, item.params.tenant, item.params, text, variant=variant)
