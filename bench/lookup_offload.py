@@ -40,6 +40,7 @@ from bench.common import (
     progress,
     write_results,
 )
+from cache.response_cache import ExactAnswer
 from deploy.launch import find_free_port, start_redis_server
 from engine.loader import load_engine
 from engine.lookup_pool import LookupPool
@@ -103,7 +104,7 @@ def fill_tenant(engine, tenant: str, embeddings) -> None:
     params = EngineRequestParams(max_tokens=4, temperature=0.0, tenant=tenant)
     semantic = engine.responses.semantic
     for question, embedding in zip(FILLERS, embeddings):
-        semantic.store(question, tenant, params, "a stored answer", embedding=embedding)
+        semantic.store(question, tenant, params, ExactAnswer((0,), final=True), embedding=embedding)
 
 
 class LookupWindow:

@@ -57,6 +57,7 @@ from bench.common import progress
 from cache.embedder import MiniLMEmbedder
 from cache.pair_classifier import DEFAULT_WEIGHTS as PAIR_WEIGHTS
 from cache.pair_classifier import PairClassifier
+from cache.response_cache import ExactAnswer
 from cache.semantic_cache import (
     PairCheck,
     QuestionGuard,
@@ -84,6 +85,9 @@ FRESH4 = REPO_ROOT / "data" / "paraphrases-fresh4.jsonl"
 FRESH5 = REPO_ROOT / "data" / "paraphrases-fresh5.jsonl"
 RESULTS = REPO_ROOT / "bench" / "results"
 TENANT = "bench"
+# what every entry holds: a hit is judged by the stored question it returns, not by its answer, and an
+# ended answer is served to every budget, so a lookup's result is ``select``'s
+STORED_ANSWER = ExactAnswer((0,), final=True)
 MAIN_SOURCES = ("original", "added")  # every other source is a fresh set, named after its file
 FOLDS = 5
 
@@ -578,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             entries = [(t, v, TENANT) for t, v in zip(stored, stored_vecs)]
             entries += [(a, v, tenant) for (a, tenant), v in zip(stored_fresh, fresh_vecs)]
             for text, vec, tenant in entries:
-                if not cache.store(text, tenant, params, f"answer to: {text}", embedding=vec):
+                if not cache.store(text, tenant, params, STORED_ANSWER, embedding=vec):
                     raise RuntimeError("store failed against the bench's own redis-server")
             # every eligible entry >= BASE_LOW per query, guard verdicts and features filled in, through
             # the cache's own ranking; each setting below replays them through the cache's own `select`

@@ -86,7 +86,7 @@ def sampling_signature(params: EngineRequestParams) -> dict[str, Any]:
     """Every request parameter that changes the generated text, in canonical (JSON-stable) form.
 
     A greedy request's top_p, top_k and seed are left out (argmax ignores them), and so is
-    exclude_input_in_output: the caches hold the generated text only, and a hit puts the prompt in front
+    exclude_input_in_output: the caches hold the generated tokens only, and a hit puts the prompt in front
     as the request asks. Either would only split one answer over several keys. The tenant is not in
     here; callers that key by tenant add it separately.
     """

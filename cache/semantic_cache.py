@@ -6,7 +6,8 @@ reset my password?" vs "How do I not reset my password?" 0.93, vs "I forgot my p
 set a new one?" 0.89), and GPTCache at threshold 0.8 returns wrong answers for about 9% of its hits.
 So a match must pass three checks besides the cosine threshold:
 
-- the same sampling signature (max_tokens, temperature, seed, stop ...): other parameters, other answer;
+- the same sampling signature (temperature, seed, stop ...): other parameters, other answer; `max_tokens`
+  is checked against the entry's answer instead (below);
 - never for temperature > 0 without a seed: that request asked for a fresh sample;
 - ``QuestionGuard``: rejects a pair when one question has a negation, exception or comparison-direction
   word that the other lacks or reverses, swaps a from/to or than direction, names other numbers or
@@ -35,14 +36,22 @@ older rule, content-word overlap <= ``LOW_BAND_MAX_OVERLAP``, and is closed by d
 bench/semantic_cache.py fits the verifier and picks the thresholds on one half of the paraphrase set and
 reports the other half.
 
-Stored per (model fingerprint, tenant): the prompt, the completion, the embedding (float32 bytes) and
-the signature, with a checksum over all of them and the tenant. A tenant's lookups read only that
-tenant's keys, and an entry copied under another tenant fails its checksum. Lookups are brute-force
-cosine over the tenant's matrix, kept in memory and re-read only when the tenant's version counter in
-Redis moves (every store, eviction or corruption cleanup bumps it).
+Stored per (model fingerprint, tenant): the prompt, the answer as the engine computed it (``ExactAnswer``:
+every generated token id, how many the final response sent, the stop string's trim, whether it is final),
+the embedding (float32 bytes) and the signature, with a checksum over all of them and the tenant; when
+the entry was written is its score in the tenant's age set. A tenant's lookups read only that tenant's
+keys, and an entry copied under another tenant fails its checksum. Lookups are brute-force cosine over
+the tenant's matrix, kept in memory and re-read only when the tenant's version counter in Redis moves
+(every store, eviction or corruption cleanup bumps it).
 
-Answers are completions (generated text only). With exclude_input_in_output false the caller puts the
-*current* prompt in front (``SemanticHit.output_text``), never the stored one.
+An answer serves budgets as the exact cache's does (``ExactAnswer.within``): a request allowed fewer
+tokens gets its first ones, one allowed more only a final answer (EOS or a stop string), else the lookup
+is a miss (``shorter``); the signature leaves `max_tokens` out, so a warmup answer of 512 tokens serves a
+paraphrase asked with 64. An answer that ran to the model's last position is not final here, as it is for
+its own prompt: a paraphrase's shorter prompt leaves room for more tokens (``ResponseTier.remember``). A
+store keeps an entry of the same prompt that serves more budgets (``kept``). A hit is the stored token
+ids and trim, sent as an exact hit's are: no text encoded again, and with exclude_input_in_output false
+the *current* prompt in front, never the stored one.
 """
 
 from __future__ import annotations
@@ -65,12 +74,13 @@ from cache.key_directory import MAX_TRIM_PER_WRITE
 from cache.circuit_breaker import CircuitBreaker
 from cache.wrong_type import is_wrong_type
 from cache.response_cache import (
+    ExactAnswer,
     RedisCacheBase,
     canonical_json,
+    exact_signature,
     is_deterministic,
     load_json_object,
     redis_ttl,
-    sampling_signature,
     sha256_hex,
     tenant_tag,
 )
@@ -82,8 +92,10 @@ if TYPE_CHECKING:  # the classifier needs torch; the cache's callers choose whet
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-KEY_PREFIX = "llm:resp:sem:v2"  # v2: embeddings of normalize_question(prompt); v1 vectors do not compare
+FORMAT_VERSION = 2  # 2: the answer's token ids, how many were sent, trim and final (1: its text)
+# v3: max_tokens out of the signature, format 2, ages in the age set; v2 (and v1: vectors of the raw prompt,
+# which do not compare) entries are never read and expire by their TTL
+KEY_PREFIX = "llm:resp:sem:v3"
 # Chosen by bench/semantic_cache.py on the tuning half of data/paraphrases.jsonl and the pairs of
 # data/paraphrases-fresh.jsonl, -fresh2 and -fresh3 (highest hit rate whose precision's one-sided Wilson
 # lower bound is >= 0.97; bench/results/semantic-cache-cpu.md), with the pair check at DEFAULT_PAIR_MIN;
@@ -101,8 +113,20 @@ DEFAULT_OVERRULE_MIN = 0.95
 PAIR_TOP_K = 2
 
 _STORE_SCRIPT = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+local function serves_more()
+  if ARGV[9] == '1' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return false end
+  local written = tonumber(redis.call('ZSCORE', KEYS[3], ARGV[1]))
+  if not written or written < tonumber(ARGV[7]) then return false end
+  local ok, doc = pcall(cjson.decode, redis.call('HGET', KEYS[2], ARGV[1]) or '')
+  local answer = ok and type(doc) == 'table' and doc.answer
+  if type(answer) ~= 'table' or type(answer[1]) ~= 'table' then return false end
+  return answer[4] == true or #answer[1] > tonumber(ARGV[10])
+end
+local kept = serves_more()
+if not kept then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+end
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 local cap = tonumber(ARGV[8])
 local victims = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[7], 'LIMIT', 0, cap)
@@ -122,8 +146,16 @@ if redis.call('EXISTS', KEYS[4]) == 0 then
 end
 redis.call('INCR', KEYS[4])
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
-return evicted
+return {evicted, kept and 1 or 0}
 """
+# ARGV: the entry's id, embedding and document, when it is written (its score in the age set: what
+# lookups age it by), the TTL, the tenant's bound, the oldest time still served, the most one store may
+# evict, and the new answer's final flag (1/0) and token count.
+# An answer that is not final keeps the entry already under its id when that one serves more budgets
+# (`ExactAnswer.serves_more_than`, as Lua: it is final, or holds more tokens) and is still served (both
+# halves there, not aged out): its embedding and document stay, its time in the age set is renewed as the
+# write's would have been. The script cannot check the checksum (no SHA-256 in Redis's Lua); an entry of
+# the right shape that fails it is kept, then deleted by the next read, and the next store writes.
 # A version stamp that went away (an erasure, a TTL, an eviction) starts again from the clock, not from 1:
 # a replica holding the entries it read at stamp N must never see N again for other entries.
 
@@ -648,6 +680,8 @@ class SemanticCacheStats:
     pair_errors: int = 0  # lookups whose pair classifier raised: a miss
     embed_errors: int = 0  # lookups whose embedding raised (a failed MiniLM pass): a miss
     guard_overrules: int = 0  # candidates the guard turned down and the pair classifier let through
+    shorter: int = 0  # misses on a best match that stopped at a smaller max_tokens (counted in misses too)
+    kept: int = 0  # stores that kept the entry already there, which served more budgets, and renewed it
     stores: int = 0
     evictions: int = 0
 
@@ -655,14 +689,10 @@ class SemanticCacheStats:
 @dataclass(frozen=True)
 class SemanticHit:
     prompt: str  # the stored question that matched
-    answer: str  # its completion (generated text only)
+    answer: ExactAnswer  # its answer for the request's max_tokens (`ExactAnswer.within`): generated ids only
     score: float  # cosine similarity
     entry_id: str
     band: str = "high"  # "verified" / "low": accepted below `threshold` by the verifier / overlap rule
-
-    def output_text(self, prompt: str, params: EngineRequestParams) -> str:
-        """What the client should receive: the current prompt in front unless it asked to exclude it."""
-        return self.answer if params.exclude_input_in_output else prompt + self.answer
 
 
 @dataclass
@@ -670,12 +700,21 @@ class _TenantMatrix:
     version: bytes | None
     ids: list[str]
     prompts: list[str]
-    answers: list[str]
+    answers: list[ExactAnswer]
     sigs: list[str]
-    created: np.ndarray
+    created: np.ndarray  # when each entry was last written: its score in the age set
     matrix: np.ndarray  # (n, dim) float32, unit rows
     features: dict[int, QuestionFeatures] = field(default_factory=dict)  # filled lazily
     sig_masks: dict[str, np.ndarray] = field(default_factory=dict)  # signature -> rows with it
+
+
+@dataclass(frozen=True)
+class _Record:
+    """An entry's document, checked."""
+
+    prompt: str
+    answer: ExactAnswer
+    sig: str
 
 
 class _Query:
@@ -993,18 +1032,17 @@ class SemanticResponseCache(RedisCacheBase):
 
     @staticmethod
     def signature(params: EngineRequestParams, variant: str = "") -> str:
-        """Parameters that change the completion (`sampling_signature`), and the prompt's `variant`: what
-        its text leaves out but must match too (its special tokens: the caller's)."""
-        sig = sampling_signature(params)
+        """Parameters that change the completion but `max_tokens`, which is checked against the entry
+        (`exact_signature`), and the prompt's `variant`: what its text leaves out but must match too (its
+        special tokens: the caller's)."""
+        sig = exact_signature(params)
         if variant:
             sig["variant"] = variant
         return hashlib.sha256(canonical_json(sig)).hexdigest()[:32]
 
     @staticmethod
-    def _checksum(
-        entry_id: str, tenant: str, prompt: str, answer: str, sig: str, created: float, emb: bytes
-    ) -> str:
-        head = canonical_json([entry_id, tenant, prompt, answer, sig, created])
+    def _checksum(entry_id: str, tenant: str, prompt: str, answer: ExactAnswer, sig: str, emb: bytes) -> str:
+        head = canonical_json([entry_id, tenant, prompt, answer.document(), sig])
         return sha256_hex(head, emb)
 
     # -- public API ------------------------------------------------------------------------------
@@ -1014,11 +1052,15 @@ class SemanticResponseCache(RedisCacheBase):
         prompt: str,
         tenant: str,
         params: EngineRequestParams,
-        answer: str,
+        answer: ExactAnswer,
         embedding: np.ndarray | None = None,
         variant: str = "",
     ) -> bool:
-        if not is_deterministic(params) or not utf8_encodable(prompt, answer):  # a lone surrogate: no key
+        """Keep `answer` for `prompt` and its paraphrases; False when not written. An answer that is not
+        final leaves an entry of the same prompt and signature that serves more budgets in its place,
+        renewed (`kept`; see ``_STORE_SCRIPT``): a warmup run with a small `max_tokens` or a write after a
+        failed lookup does not cut clients' answers down."""
+        if not is_deterministic(params) or not utf8_encodable(prompt):  # a lone surrogate: no key
             self._count("uncacheable")
             return False
         normalized = self._within_window(prompt)
@@ -1035,13 +1077,12 @@ class SemanticResponseCache(RedisCacheBase):
             "v": FORMAT_VERSION,
             "tenant": tenant,
             "prompt": prompt,
-            "answer": answer,
+            "answer": answer.document(),
             "sig": sig,
-            "created": created,
-            "sum": self._checksum(entry_id, tenant, prompt, answer, sig, created, emb),
+            "sum": self._checksum(entry_id, tenant, prompt, answer, sig, emb),
         }
         try:
-            evicted = self._store_script(
+            evicted, kept = self._store_script(
                 keys=self._keys(tenant),
                 args=[
                     entry_id,
@@ -1052,6 +1093,8 @@ class SemanticResponseCache(RedisCacheBase):
                     self.max_entries,
                     created - self.ttl_s,
                     MAX_TRIM_PER_WRITE,
+                    int(answer.final),
+                    len(answer.ids),
                 ],
             )
         except self._redis_errors as exc:
@@ -1061,9 +1104,9 @@ class SemanticResponseCache(RedisCacheBase):
                 self._write_failed(exc)
             return False
         self.breaker.record_success()
-        self._count("stores")
+        self._count("kept" if kept else "stores")
         self._count("evictions", int(evicted or 0))
-        return True
+        return not kept
 
     def lookup(
         self,
@@ -1077,7 +1120,11 @@ class SemanticResponseCache(RedisCacheBase):
     ) -> SemanticHit | None:
         """The best entry of this tenant with the same signature that passes the guard and either has
         cosine >= threshold or, in the lower band [low_threshold, threshold), is accepted by the verifier
-        (or, without one, shares few content words): see ``select``.
+        (or, without one, shares few content words): see ``select``; its answer for `params.max_tokens`
+        (`ExactAnswer.within`). When that entry stopped at a smaller budget without ending, the lookup is
+        a miss (`shorter`): no lower-ranked entry is served instead, since the best match is the one the
+        thresholds were tuned to trust, and which stored question answers a prompt must not depend on how
+        many tokens the client asked for. The answer computed then is stored for this prompt.
 
         ``embedding``, when given, is the query's embedding as ``embed_queries`` makes it; ``variant``: as
         for ``store``, only entries stored with the same one compare."""
@@ -1099,11 +1146,14 @@ class SemanticResponseCache(RedisCacheBase):
             self._count("misses")
             return None
         cand, band = chosen
-        self._count("hits")
         tm = cand.matrix
-        return SemanticHit(
-            tm.prompts[cand.index], tm.answers[cand.index], cand.score, tm.ids[cand.index], band
-        )
+        answer = tm.answers[cand.index].within(params.max_tokens)
+        if answer is None:
+            self._count("misses")
+            self._count("shorter")
+            return None
+        self._count("hits")
+        return SemanticHit(tm.prompts[cand.index], answer, cand.score, tm.ids[cand.index], band)
 
     def candidates(
         self,
@@ -1235,14 +1285,15 @@ class SemanticResponseCache(RedisCacheBase):
                 pipe.get(keys[3])
                 pipe.hgetall(keys[0])
                 pipe.hgetall(keys[1])
-                version, embs, docs = pipe.execute()
+                pipe.zrange(keys[2], 0, -1, withscores=True)
+                version, embs, docs, ages = pipe.execute()
         except self._redis_errors as exc:
             return self._read_failed(exc, keys)
         self.breaker.record_success()
-        tm, bad, halves = self._build_matrix(tenant, version, embs, docs)
+        tm, bad, incomplete = self._build_matrix(tenant, version, embs, docs, dict(ages))
         if bad:
-            self._count("incomplete", halves)
-            self._count("corrupt", len(bad) - halves)
+            self._count("incomplete", incomplete)
+            self._count("corrupt", len(bad) - incomplete)
             try:
                 stamp = self._delete_script(keys=keys, args=[version or b"", *bad])
                 tm.version = None if stamp is None else str(int(stamp)).encode()  # None: re-read next time
@@ -1272,41 +1323,46 @@ class SemanticResponseCache(RedisCacheBase):
         return None
 
     def _build_matrix(
-        self, tenant: str, version: bytes | None, embs: dict, docs: dict
+        self, tenant: str, version: bytes | None, embs: dict, docs: dict, ages: dict
     ) -> tuple[_TenantMatrix, list[bytes | str], int]:
         """The tenant's entries, the ids of those to delete (as Redis names them: a field name that is not
-        UTF-8 is deleted by its bytes), and how many of these had lost one of their two values (the
-        embedding or the document: a bounded Redis evicts keys, not entries)."""
+        UTF-8 is deleted by its bytes), and how many of these had lost some of their three values (the
+        embedding, the document or the age: a bounded Redis evicts keys, not entries)."""
         ids, prompts, answers, sigs, created, rows, bad = [], [], [], [], [], [], []
-        halves = 0
-        for raw_id in set(embs) | set(docs):
+        incomplete = 0
+        for raw_id in set(embs) | set(docs) | set(ages):
             entry_id = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else str(raw_id)
-            emb, raw_doc = embs.get(raw_id), docs.get(raw_id)
-            record = self._validate(entry_id, tenant, emb, raw_doc)
+            emb, raw_doc, age = embs.get(raw_id), docs.get(raw_id), ages.get(raw_id)
+            record = None if age is None else self._validate(entry_id, tenant, emb, raw_doc)
             if record is None:
                 bad.append(raw_id)
-                halves += (emb is None) != (raw_doc is None)
+                incomplete += None in (emb, raw_doc, age)
                 continue
             ids.append(entry_id)
-            prompts.append(record["prompt"])
-            answers.append(record["answer"])
-            sigs.append(record["sig"])
-            created.append(float(record["created"]))
+            prompts.append(record.prompt)
+            answers.append(record.answer)
+            sigs.append(record.sig)
+            created.append(float(age))
             rows.append(np.frombuffer(emb, dtype="<f4"))
         matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self.dim), np.float32)
         tm = _TenantMatrix(version, ids, prompts, answers, sigs, np.asarray(created, np.float64), matrix)
-        return tm, bad, halves
+        return tm, bad, incomplete
 
-    def _validate(self, entry_id: str, tenant: str, emb: bytes | None, raw_doc: bytes | None) -> dict | None:
+    def _validate(
+        self, entry_id: str, tenant: str, emb: bytes | None, raw_doc: bytes | None
+    ) -> _Record | None:
+        """The entry, or None unless it is one this cache wrote for this tenant: shape as well as checksum
+        (`ExactAnswer.from_document`), since a checksum is no signature and a hit's ids go to the
+        detokenizer as they come."""
         if emb is None or raw_doc is None or len(emb) != self.dim * 4:
             return None
         doc = load_json_object(raw_doc)
         if doc is None or doc.get("v") != FORMAT_VERSION or doc.get("tenant") != tenant:
             return None
-        fields = (doc.get("prompt"), doc.get("answer"), doc.get("sig"))
-        if not all(isinstance(f, str) for f in fields) or not isinstance(doc.get("created"), (int, float)):
+        prompt, sig, answer = doc.get("prompt"), doc.get("sig"), ExactAnswer.from_document(doc.get("answer"))
+        if not (isinstance(prompt, str) and isinstance(sig, str)) or answer is None:
             return None
-        expected = self._checksum(entry_id, tenant, *fields, doc["created"], emb)
+        expected = self._checksum(entry_id, tenant, prompt, answer, sig, emb)
         if doc.get("sum") != expected or not np.all(np.isfinite(np.frombuffer(emb, dtype="<f4"))):
             return None
-        return doc
+        return _Record(prompt, answer, sig)

@@ -39,11 +39,11 @@ TAKEN = ":erasing:"  # an index set an erasure took over: `<index>:erasing:<id>`
 # Entries of earlier key formats are never read again and expire by their TTL, but hold the tenant's
 # answers until then: an erasure deletes them too.
 # Names as the earlier code wrote them: exact `llm:resp:exact:v1|v2:<fp>:<tag>:<hash>` (v2: max_tokens in
-# the key), semantic `llm:resp:sem:v1:{<fp>:<tag>}:emb|doc|age|ver` (the braces are the keys' hash tag,
-# literal in a pattern)
+# the key), semantic `llm:resp:sem:v1|v2:{<fp>:<tag>}:emb|doc|age|ver` (v2: max_tokens in the signature,
+# answers as text; the braces are the keys' hash tag, literal in a pattern)
 LEGACY_PATTERNS = {
     "exact": ("llm:resp:exact:v1:*:{tag}:*", "llm:resp:exact:v2:*:{tag}:*"),
-    "semantic": ("llm:resp:sem:v1:{{*:{tag}}}:*",),
+    "semantic": ("llm:resp:sem:v1:{{*:{tag}}}:*", "llm:resp:sem:v2:{{*:{tag}}}:*"),
 }
 
 

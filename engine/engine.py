@@ -774,9 +774,11 @@ class Engine:
                 trim,
                 request.response_key,
                 paraphrases=not cut,
-                # a larger budget gets no more: after EOS or a stop string, or at the model's last position
-                # (a request is never placed in a slot shorter than prompt + max_tokens or that)
-                final=state.done == "stop" or state.position >= self.runner.max_len,
+                # a larger budget gets no more: after EOS or a stop string; at the model's last position
+                # (a request is never placed in a slot shorter than prompt + max_tokens or that), for this
+                # prompt only
+                final=state.done == "stop",
+                at_limit=state.position >= self.runner.max_len,
                 sent=ready,
             )
         if params.stream:

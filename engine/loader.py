@@ -251,17 +251,9 @@ def build_response_tier(
         except (ImportError, OSError, ValueError) as exc:  # an optional package, or weights that do not load
             log(f"semantic cache off: {exc}")
 
-    # a cached answer is text turned back into ids: text that spells a special token ("<s>" in an HTML
-    # answer) must come back as those characters, not as the token, which decodes to nothing
-    tokenizer.encode_special_tokens = True
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False).ids
-
     def answer_bytes(ids: list[int], trim_bytes: int) -> bytes:
-        """An answer's text as the detokenizer sends it whole, less `trim_bytes` where a stop string began:
-        for a sentencepiece tokenizer without the leading space `raw_bytes` keeps, so that a hit
-        re-encoded from it decodes to the same text."""
+        """Ids' text as the detokenizer sends it whole, less `trim_bytes` where a stop string began: for a
+        sentencepiece tokenizer without the leading space `raw_bytes` keeps."""
         return decoder.delta(list(ids), 0, True, trim_bytes)
 
     special = {i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
@@ -279,7 +271,6 @@ def build_response_tier(
 
     return ResponseTier(
         cache,
-        encode,
         answer_bytes,
         prompt_text=prompt_text,
         semantic=semantic,

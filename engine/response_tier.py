@@ -3,11 +3,11 @@
 Exact first; then, when enabled, the semantic cache (a paraphrase of an answered question, same
 tenant, same sampling signature, past the negation/entity guard).
 
-The hit still streams through the ensemble: an exact hit as the token ids (and stop-string trim) the
-engine sent, cut to the request's max_tokens; a semantic hit's text goes back to token ids. The
-detokenizer turns them into text like any other response. Only greedy or seeded requests are
-cacheable (cache/response_cache.py decides). Results are written by a background thread so the
-engine loop never waits on Redis.
+The hit still streams through the ensemble as the token ids (and stop-string trim) the engine sent when
+it computed the answer, cut to the request's max_tokens, an exact hit's and a semantic hit's alike: no
+text is encoded again. The detokenizer turns them into text like any other response. Only greedy or
+seeded requests are cacheable (cache/response_cache.py decides). Results are written by a background
+thread so the engine loop never waits on Redis.
 
 An exact answer is written on its prompt's second sighting (`first_use=False`, the server's default:
 `response_cache_first_use`), as L3 writes blocks on reuse: at a low hit rate most prompts come once,
@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cache.response_cache import ExactAnswer, ExactResponseCache
 from cache.sightings import Sightings
@@ -77,6 +77,13 @@ class _Answer:
     key: ResponseKey | None
     exact: bool | None
     paraphrases: bool = True  # whether the semantic cache may keep it for other prompts
+    at_limit: bool = False  # it ran to the model's last position: final for its own prompt only
+
+    @property
+    def exact_answer(self) -> ExactAnswer:
+        """The answer as its own prompt's entry keeps it: run to the model's last position, it is final (a
+        request is never placed in a slot shorter than prompt + max_tokens or that), whatever the budget."""
+        return replace(self.answer, final=True) if self.at_limit else self.answer
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,6 @@ class ResponseTier:
     def __init__(
         self,
         cache: ExactResponseCache,
-        encode: Callable[[str], list[int]],
         token_bytes: Callable[[list[int], int], bytes],
         backlog: int = 1024,
         prompt_text: Callable[[list[int]], tuple[str, str]] | None = None,
@@ -113,9 +119,8 @@ class ResponseTier:
         self.forged_keys = 0  # keys that were not their prompt's when checked: refused
         self.request_seconds = 0.0  # lookup and remember, on the callers' threads: every request's cost
         self.semantic = semantic
-        self.encode = encode
-        self.token_bytes = token_bytes
-        # (text, variant): a prompt as the semantic cache compares it, and what only an equal one matches
+        # (text, variant): a prompt as the semantic cache compares it, and what only an equal one matches;
+        # by default the text `token_bytes` (the detokenizer's bytes of ids, less a trim) gives, no variant
         self.prompt_text = prompt_text or (
             lambda ids: (token_bytes(ids, 0).decode("utf-8", errors="replace"), "")
         )
@@ -160,12 +165,9 @@ class ResponseTier:
         if answer is None and semantic:
             self._spent(began)
             return self.lookup_semantic(prompt_ids, params, key)
-        if answer is None:
-            found = ResponseLookup(None, key)
-        else:
+        if answer is not None:
             self._renew(key.value, params.tenant)
-            tokens, trim = answer.response
-            found = ResponseLookup(tokens, key, trim)
+        found = _found(answer, key)
         self._spent(began)
         return found
 
@@ -178,7 +180,7 @@ class ResponseTier:
         began = time.perf_counter()
         question, variant = self.prompt_text(prompt_ids)
         hit = self.semantic.lookup(question, params.tenant, params, variant=variant)
-        found = ResponseLookup(None if hit is None else self.encode(hit.answer), key)
+        found = _found(None if hit is None else hit.answer, key)
         self._spent(began)
         return found
 
@@ -228,12 +230,15 @@ class ResponseTier:
         *,
         final: bool,
         sent: int | None = None,
+        at_limit: bool = False,
     ) -> None:
         """Write the answer behind. `output`: every token generated, of which the final response sent the
         first `sent` (None: all) trimmed by `trim` raw bytes; `final`: no larger budget would get more
-        tokens (EOS, a stop string, the sequence limit); `key`: the one the request's `lookup` returned,
-        if any; `paraphrases`: whether it answers other wordings too (the semantic cache), not only this
-        prompt."""
+        tokens for any prompt (EOS, a stop string); `at_limit`: it ran to the model's last position, so
+        no larger budget gets more for this prompt, while a paraphrase's shorter prompt leaves room for
+        more (final for the exact cache, not for the semantic one); `key`: the one the request's `lookup`
+        returned, if any; `paraphrases`: whether it answers other wordings too (the semantic cache), not
+        only this prompt."""
         if not self.cache.cacheable(params):
             return
         began = time.perf_counter()
@@ -241,7 +246,7 @@ class ResponseTier:
         semantic = self.semantic is not None and paraphrases
         if exact is not False or semantic:  # else nothing to write: the writer sleeps on
             answer = ExactAnswer(tuple(output), trim, final, sent)
-            self._writes.submit(_Answer(prompt_ids, params, answer, key, exact, paraphrases))
+            self._writes.submit(_Answer(prompt_ids, params, answer, key, exact, paraphrases, at_limit))
         self._spent(began)
 
     def _admit(self, key: str, params: EngineRequestParams) -> bool:
@@ -290,10 +295,15 @@ class ResponseTier:
         if not exact and not semantic:
             return
         if exact:
-            self.cache.put(item.prompt_ids, item.params, item.answer, key.value)
+            self.cache.put(item.prompt_ids, item.params, item.exact_answer, key.value)
         if semantic:
-            # trimmed in the raw bytes, as the detokenizer trims what it sends: `trim` counts raw bytes, and
-            # a character cut by the stop string is one U+FFFD (3 bytes) once sanitized
-            text = self.token_bytes(*item.answer.response).decode("utf-8", errors="replace")
             question, variant = self.prompt_text(item.prompt_ids)
-            self.semantic.store(question, item.params.tenant, item.params, text, variant=variant)
+            self.semantic.store(question, item.params.tenant, item.params, item.answer, variant=variant)
+
+
+def _found(answer: ExactAnswer | None, key: ResponseKey | None) -> ResponseLookup:
+    """A lookup's result: a hit sends the ids and trim the computed request's final response sent."""
+    if answer is None:
+        return ResponseLookup(None, key)
+    tokens, trim = answer.response
+    return ResponseLookup(tokens, key, trim)

@@ -75,7 +75,7 @@ def test_a_stop_string_beginning_inside_a_token_trims_only_the_budgets_that_met_
 
 def _engine_with_cache(engine: Engine, redis_url: str) -> ExactResponseCache:
     exact = ExactResponseCache(redis_url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    engine.responses = ResponseTier(exact, lambda text: [], lambda ids, trim: b"", first_use=True)
+    engine.responses = ResponseTier(exact, lambda ids, trim: b"", first_use=True)
     return exact
 
 
@@ -156,7 +156,7 @@ def test_an_answer_cut_at_the_models_last_position_serves_every_larger_budget(mo
 
 def test_a_write_after_a_failed_lookup_does_not_cut_a_longer_entry_down(redis_server, monkeypatch):
     cache = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    tier = ResponseTier(cache, lambda text: [], lambda ids, trim: b"", first_use=True)
+    tier = ResponseTier(cache, lambda ids, trim: b"", first_use=True)
     prompt = [1, 2, 3]
     long = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="cut")
     short = EngineRequestParams(max_tokens=2, temperature=0.0, tenant="cut")
@@ -186,7 +186,7 @@ def test_a_write_whose_own_read_fails_is_not_made(redis_server, monkeypatch):
     time out, and a SET sent right after would go through once the stall ends, a 2-token answer replacing
     a final one (every budget over 2 would miss again). A write that cannot read is not made."""
     cache = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    tier = ResponseTier(cache, lambda text: [], lambda ids, trim: b"", first_use=True)
+    tier = ResponseTier(cache, lambda ids, trim: b"", first_use=True)
     prompt = [1, 2, 3]
     long = EngineRequestParams(max_tokens=64, temperature=0.0, tenant="stall")
     short = EngineRequestParams(max_tokens=2, temperature=0.0, tenant="stall")

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cache.response_cache import ExactResponseCache
+from cache.response_cache import ExactAnswer, ExactResponseCache
 from engine.lookup_pool import LookupPool
 from scheduler.errors import RequestError
 from engine.response_tier import ResponseTier
@@ -22,7 +22,7 @@ from tests.test_engine_batching import RecordingSink, make_engine, model, reques
 class GatedSemantic:
     """A semantic cache whose lookups wait for `gate`; answers `answer` (None: a miss)."""
 
-    def __init__(self, answer: str | None = None):
+    def __init__(self, answer: ExactAnswer | None = None):
         self.gate, self.entered = threading.Event(), threading.Event()
         self.answer = answer
         self.looked_up = 0
@@ -46,7 +46,7 @@ class GatedSemantic:
 def gated_engine(model, redis_url, semantic):  # noqa: F811
     engine = make_engine(model, slots=2)
     exact = ExactResponseCache(redis_url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    engine.responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], lambda ids, trim: b"x")
+    engine.responses = ResponseTier(exact, lambda ids, trim: b"x")
     engine.responses.semantic = semantic
     engine.use_lookup_threads(1)
     engine.start()
@@ -71,7 +71,7 @@ def test_a_slow_lookup_holds_up_neither_its_submit_nor_the_requests_behind_it(mo
 
 
 def test_a_hit_found_off_thread_is_answered_from_the_cache(model, redis_server):  # noqa: F811
-    semantic = GatedSemantic(answer="cab")
+    semantic = GatedSemantic(answer=ExactAnswer((2, 0, 1), 0, True))
     semantic.gate.set()
     engine = gated_engine(model, redis_server, semantic)
     try:

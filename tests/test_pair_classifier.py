@@ -28,6 +28,7 @@ from cache.pair_training import (  # noqa: E402
 from cache.pair_training import main as training_main  # noqa: E402
 from cache.semantic_cache import PairCheck, SemanticResponseCache  # noqa: E402
 from scheduler.messages import EngineRequestParams  # noqa: E402
+from tests.conftest import answer  # noqa: E402
 from tests.test_semantic_verifier import OneHotEmbedder, unit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,7 +240,7 @@ def test_with_a_pair_check_a_hit_must_also_pass_the_classifier(redis_server):
     table = TableClassifier({(first, query): 0.2, (second, query): 0.9, (second, negated): 0.1})
     c = two_band_cache(redis_server, emb, table)
     try:
-        assert c.store(first, "t", GREEDY, " one") and c.store(second, "t", GREEDY, " two")
+        assert c.store(first, "t", GREEDY, answer(" one")) and c.store(second, "t", GREEDY, answer(" two"))
         hit = c.lookup(query, "t", GREEDY)
         assert hit is not None and hit.prompt == second and hit.band == "high"
         assert table.calls == [(first, query), (second, query)]  # best cosine first, the next on rejection
@@ -296,7 +297,7 @@ def test_the_next_candidate_is_scored_in_the_same_pass(redis_server):
     table = BatchRecorder({(first, query): 0.2, (second, query): 0.9, (negated, query): 0.99})
     c = two_band_cache(redis_server, emb, table)
     try:
-        assert c.store(first, "t", GREEDY, " one") and c.store(second, "t", GREEDY, " two")
+        assert c.store(first, "t", GREEDY, answer(" one")) and c.store(second, "t", GREEDY, answer(" two"))
         hit = c.lookup(query, "t", GREEDY)
         assert hit is not None and hit.prompt == second
         assert table.passes == [[(first, query), (second, query)]]  # one pass for both
@@ -306,7 +307,7 @@ def test_the_next_candidate_is_scored_in_the_same_pass(redis_server):
         c.pair_check = PairCheck(table, min_probability=0.5, max_scored=1)  # no budget for a second
         assert c.lookup(query, "t", GREEDY) is None and table.passes == [[(first, query)]]
 
-        assert c.store(negated, "t", GREEDY, " three")  # between the two, and the guard's no is final
+        assert c.store(negated, "t", GREEDY, answer(" three"))  # between the two, and the guard's no is final
         table.passes.clear()
         c.pair_check = PairCheck(table, min_probability=0.5, max_scored=2)
         assert c.lookup(query, "t", GREEDY).prompt == second
@@ -390,7 +391,7 @@ def test_a_failing_classifier_is_a_miss_not_a_failed_request(redis_server):
         pair_check=PairCheck(FailingClassifier()),
     )
     try:
-        assert c.store(stored, "t", GREEDY, " Use a tuner.")
+        assert c.store(stored, "t", GREEDY, answer(" Use a tuner."))
         assert c.lookup(query, "t", GREEDY) is None
         assert c.snapshot()["pair_errors"] == 1
         assert c.lookup(stored, "t", GREEDY) is not None  # the same question needs no model
@@ -412,7 +413,7 @@ def test_the_classifier_may_overrule_the_guard_only_for_the_reasons_it_is_given(
         pair_check=PairCheck(table, min_probability=0.3, overrules=()),
     )
     try:
-        assert c.store(stored, "t", GREEDY, " Hold the power button.")
+        assert c.store(stored, "t", GREEDY, answer(" Hold the power button."))
         assert c.lookup(query, "t", GREEDY) is None and table.calls == []  # no overrules: the guard decides
         c.pair_check = PairCheck(table, 0.3, overrules=("entities",), overrule_min=0.95)
         hit = c.lookup(query, "t", GREEDY)
@@ -488,7 +489,7 @@ def test_questions_that_differ_only_in_an_operator_go_through_the_classifier(red
         redis_server, f"fp-{uuid.uuid4().hex[:8]}", emb, verifier=None, pair_check=PairCheck(shipped)
     )
     try:
-        assert c.store(stored, "t", GREEDY, " 6")
+        assert c.store(stored, "t", GREEDY, answer(" 6"))
         hit = c.lookup(query, "t", GREEDY)
         assert hit is None, f"served {stored!r}'s answer to {query!r}"
     finally:

@@ -135,7 +135,7 @@ def test_a_kv_only_request_reuses_and_keeps_prefixes_but_no_response(model, redi
         data = bytes(97 + t % 26 for t in ids)
         return data[: len(data) - trim_bytes]
 
-    engine.responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], letters)
+    engine.responses = ResponseTier(exact, letters)
     try:
         expected = run(engine, PREFIX + [5, 6, 7], cache="kv-only")
         assert engine.prefix_cache.index, "a kv-only request left no prefix behind"

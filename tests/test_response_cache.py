@@ -414,7 +414,7 @@ def test_no_models_key_directory_lists_a_quota_index_nor_can_a_lookup_key_name_o
         index = quota.tenant_index("t")
         assert wait_for(lambda: directory.synced, 10) and directory.contains(index) is False
         forged = dataclasses.replace(params, response_key=index)  # sent to the engine directly
-        tier = ResponseTier(other, lambda text: [0], lambda ids, trim: b"")
+        tier = ResponseTier(other, lambda ids, trim: b"")
         assert tier.lookup([9, 9], forged).tokens is None and other.snapshot()["corrupt"] == 0
         tier.close()
         assert raw.zcard(index) == 1

@@ -30,7 +30,7 @@ def letters(ids: list[int], trim_bytes: int = 0) -> bytes:
 
 def tier(redis_url: str, first_use: bool) -> tuple[ResponseTier, ExactResponseCache]:
     exact = ExactResponseCache(redis_url, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    return ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], letters, first_use=first_use), exact
+    return ResponseTier(exact, letters, first_use=first_use), exact
 
 
 def test_an_answer_is_written_on_its_prompts_second_sighting(redis_server):
@@ -86,7 +86,7 @@ def test_answers_the_writer_cannot_keep_up_with_are_dropped_without_waiting_and_
     """A slow Redis: the engine thread never waits for the writer; what overflows its backlog is given up
     and shows in the metrics (`llm_engine_cache_total{tier="exact", counter="writes_dropped"}`)."""
     exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    responses = ResponseTier(exact, lambda text: [0], letters, backlog=1, first_use=True)
+    responses = ResponseTier(exact, letters, backlog=1, first_use=True)
     release, writing = threading.Event(), threading.Event()
     real_put = exact.put
     exact.put = lambda *args, **kwargs: writing.set() or release.wait(5) and real_put(*args, **kwargs)
@@ -111,7 +111,7 @@ def test_an_answer_whose_write_raises_is_counted_and_later_answers_are_still_wri
     """A write that raises (here the exact cache's put; in practice a bad value or a bug) must not end the
     writer thread, or every later answer would be dropped and the shutdown would wait on a full queue."""
     exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    responses = ResponseTier(exact, lambda text: [0], letters, backlog=4, first_use=True)
+    responses = ResponseTier(exact, letters, backlog=4, first_use=True)
     real_put = exact.put
 
     def put(prompt_ids, *args, **kwargs):
@@ -209,7 +209,7 @@ def test_after_a_forged_key_the_prompts_own_answer_is_served_and_only_it_counts(
 def test_a_key_of_another_fingerprint_is_not_used_is_counted_and_logged_once(redis_server):
     exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     logged: list[str] = []
-    responses = ResponseTier(exact, lambda text: [0], letters, log=logged.append)
+    responses = ResponseTier(exact, letters, log=logged.append)
     prompt = [5, 5]
     foreign = claiming(GREEDY, exact_key("another-model", prompt, GREEDY))
     for _ in range(3):
@@ -278,9 +278,7 @@ def test_with_a_sentencepiece_tokenizer_a_hit_decodes_as_generation_did(redis_se
 
 def test_a_tenant_flooding_one_off_prompts_does_not_delay_another_tenants_second_sighting(redis_server):
     exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    responses = ResponseTier(
-        exact, lambda text: [ord(c) - 97 for c in text], letters, first_use=False, sightings=64
-    )
+    responses = ResponseTier(exact, letters, first_use=False, sightings=64)
     quiet, flood = replace(GREEDY, tenant="quiet"), replace(GREEDY, tenant="flood")
     responses.remember([1, 2, 3], quiet, [4], 0, final=True)
     for n in range(500):  # one-off prompts, far past the 64 sightings kept
@@ -294,12 +292,8 @@ def test_a_tenant_flooding_one_off_prompts_does_not_delay_another_tenants_second
 def test_an_exact_hit_sends_the_ids_and_trim_it_stored_without_encoding(redis_server):
     """An exact hit is what the engine sent when it computed the answer: its token ids and stop-string
     trim, with no tokenizer pass on the request path (a text encoded again may split into other ids)."""
-
-    def no_encode(text):
-        raise AssertionError(f"an exact hit encoded {text!r}")
-
     exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    responses = ResponseTier(exact, no_encode, letters)
+    responses = ResponseTier(exact, letters)
     try:
         assert exact.put([3, 1, 4], GREEDY, ExactAnswer((0, 1, 2), 2, True))
         found = responses.lookup([3, 1, 4], GREEDY)
@@ -314,7 +308,7 @@ def test_with_an_exact_quota_a_hit_is_renewed_once_a_period(redis_server):
     exact = ExactResponseCache(
         redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5, tenant_max_entries=8
     )
-    responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], letters, clock=clock)
+    responses = ResponseTier(exact, letters, clock=clock)
     try:
         assert exact.put([3, 1, 4], GREEDY, spelled("abc"))
         for _ in range(3):  # three hits within a minute: one renewal
@@ -331,7 +325,7 @@ def test_with_an_exact_quota_a_hit_is_renewed_once_a_period(redis_server):
 
 def test_without_an_exact_quota_a_hit_sends_no_renewal(redis_server):
     exact = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
-    responses = ResponseTier(exact, lambda text: [ord(c) - 97 for c in text], letters)
+    responses = ResponseTier(exact, letters)
     try:
         assert exact.put([3, 1, 4], GREEDY, spelled("abc"))
         assert responses.lookup([3, 1, 4], GREEDY).tokens == [0, 1, 2]

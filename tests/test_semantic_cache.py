@@ -20,6 +20,7 @@ from cache.semantic_cache import (
 )
 from deploy.launch import find_free_port
 from scheduler.messages import EngineRequestParams
+from tests.conftest import answer
 from tests.test_redis_kv_store import FakeClock
 
 GREEDY = EngineRequestParams(max_tokens=32)
@@ -53,7 +54,7 @@ def test_a_coalescing_embedders_counters_are_in_the_caches_snapshot(redis_server
 
     counted = SemanticResponseCache(redis_server, cache.fingerprint, CoalescingEmbedder(embedder))
     try:
-        assert counted.store(QUESTION, "t1", GREEDY, " an answer")
+        assert counted.store(QUESTION, "t1", GREEDY, answer(" an answer"))
         counted.lookup(PARAPHRASE, "t1", GREEDY)
         stats = counted.snapshot()
         assert stats["stores"] == 1 and (stats["embed_passes"], stats["embed_texts"]) == (2, 2)
@@ -67,15 +68,15 @@ def test_a_missed_prompts_store_reuses_its_lookups_embedding_within_its_tenant(r
 
     counted = SemanticResponseCache(redis_server, cache.fingerprint, CoalescingEmbedder(embedder))
     try:
-        assert counted.store(QUESTION, "t1", GREEDY, " an answer")  # one pass
-        assert counted.store(QUESTION, "t2", GREEDY, " t2's answer")  # one pass: another tenant
+        assert counted.store(QUESTION, "t1", GREEDY, answer(" an answer"))  # one pass
+        assert counted.store(QUESTION, "t2", GREEDY, answer(" t2's answer"))  # one pass: another tenant
         other = "What is the capital of France?"
         assert counted.lookup(other, "t1", GREEDY) is None  # a miss: one pass
-        assert counted.store(other, "t1", GREEDY, " Paris.")  # its answer: none
+        assert counted.store(other, "t1", GREEDY, answer(" Paris."))  # its answer: none
         assert counted.lookup(other, "t2", GREEDY) is None  # t1 asked it, but t2's lookup embeds: one pass
         stats = counted.snapshot()
         assert (stats["embed_passes"], stats["embed_recent_reused"]) == (4, 1)
-        assert counted.lookup("what's the capital of france", "t1", GREEDY).answer == " Paris."
+        assert counted.lookup("what's the capital of france", "t1", GREEDY).answer == answer(" Paris.")
     finally:
         counted.close()
     swapped = SemanticResponseCache(redis_server, cache.fingerprint, embedder)
@@ -95,11 +96,10 @@ def test_a_missed_prompts_store_reuses_its_lookups_embedding_within_its_tenant(r
 
 
 def test_paraphrase_hits_and_negation_does_not(cache):
-    assert cache.store(QUESTION, "t1", GREEDY, " Open Settings > Security > Reset.")
+    assert cache.store(QUESTION, "t1", GREEDY, answer(" Open Settings > Security > Reset."))
     hit = cache.lookup(PARAPHRASE, "t1", GREEDY)
     assert hit is not None and hit.prompt == QUESTION and hit.score >= 0.75
-    assert hit.answer == " Open Settings > Security > Reset."
-    assert hit.output_text(PARAPHRASE, GREEDY) == PARAPHRASE + hit.answer
+    assert hit.answer == answer(" Open Settings > Security > Reset.")
     negated = "How do I not reset my password?"
     assert (
         cache.embedder.embed([negated])[0] @ cache.embedder.embed([QUESTION])[0] > 0.75
@@ -215,7 +215,7 @@ def test_the_lower_band_accepts_differently_worded_questions_only(redis_server, 
     base = rng.standard_normal(384).astype(np.float32)
     base /= np.linalg.norm(base)
     stored = "How do I cancel my subscription?"
-    assert c.store(stored, "t", GREEDY, "cancel answer", embedding=base)
+    assert c.store(stored, "t", GREEDY, answer("cancel answer"), embedding=base)
     reworded, swapped = "What are the steps to end my plan?", "How do I pause my subscription?"
     near = _at_cosine(base, rng.standard_normal(384).astype(np.float32), 0.75)
     assert c.low_threshold == 0.8, "the lower band is off unless asked for"
@@ -239,10 +239,10 @@ def test_the_lower_band_accepts_differently_worded_questions_only(redis_server, 
 
 
 def test_tenant_a_never_gets_tenant_b_entry(cache):
-    assert cache.store(QUESTION, "tenant-b", GREEDY, "b's answer")
+    assert cache.store(QUESTION, "tenant-b", GREEDY, answer("b's answer"))
     assert cache.lookup(QUESTION, "tenant-a", GREEDY) is None
     assert cache.lookup(PARAPHRASE, "tenant-a", GREEDY) is None
-    assert cache.lookup(QUESTION, "tenant-b", GREEDY).answer == "b's answer"
+    assert cache.lookup(QUESTION, "tenant-b", GREEDY).answer == answer("b's answer")
     # b's records copied under a's keys fail the checksum (it covers the tenant) and are deleted
     kb, ka = cache._keys("tenant-b"), cache._keys("tenant-a")
     for src, dst in zip(kb[:3], ka[:3]):
@@ -254,48 +254,51 @@ def test_tenant_a_never_gets_tenant_b_entry(cache):
 
 
 def test_only_same_sampling_signature_and_deterministic_requests(cache):
-    assert cache.store(QUESTION, "t", GREEDY, "x")
-    assert cache.lookup(QUESTION, "t", EngineRequestParams(max_tokens=64)) is None
+    assert cache.store(QUESTION, "t", GREEDY, answer("x"))
     assert cache.lookup(QUESTION, "t", EngineRequestParams(max_tokens=32, stop=("\n",))) is None
+    assert cache.lookup(QUESTION, "t", EngineRequestParams(max_tokens=32, ignore_eos=True)) is None
     sampled = EngineRequestParams(max_tokens=32, temperature=0.8)
-    assert cache.store(QUESTION, "t", sampled, "y") is False
+    assert cache.store(QUESTION, "t", sampled, answer("y")) is False
     assert cache.lookup(QUESTION, "t", sampled) is None
     assert cache.snapshot()["uncacheable"] == 2
     seeded = EngineRequestParams(max_tokens=32, temperature=0.8, seed=5)
-    assert cache.store(QUESTION, "t", seeded, "z")
-    assert cache.lookup(PARAPHRASE, "t", seeded).answer == "z"
-    # exclude_input_in_output does not change the completion: same entry, different output_text
+    assert cache.store(QUESTION, "t", seeded, answer("z"))
+    assert cache.lookup(PARAPHRASE, "t", seeded).answer == answer("z")
+    # exclude_input_in_output does not change the completion (the engine puts the prompt in front)
     excl = EngineRequestParams(max_tokens=32, exclude_input_in_output=True)
-    assert cache.lookup(PARAPHRASE, "t", excl).output_text(PARAPHRASE, excl) == "x"
+    assert cache.lookup(PARAPHRASE, "t", excl).answer == answer("x")
 
 
 @pytest.mark.parametrize("damage", ["truncated vector", "lone surrogate", "field name not utf-8"])
 def test_corrupted_entries_are_rejected_and_deleted(cache, damage):
-    cache.store(QUESTION, "t", GREEDY, "good answer")
-    cache.store("How do I track my package?", "t", GREEDY, "tracking answer")
-    emb_key, doc_key, _, ver_key = cache._keys("t")
-    victim = next(k for k, v in cache.client.hgetall(doc_key).items() if b"good answer" in v)
+    cache.store(QUESTION, "t", GREEDY, answer("good answer"))
+    cache.store("How do I track my package?", "t", GREEDY, answer("tracking answer"))
+    emb_key, doc_key, age_key, ver_key = cache._keys("t")
+    victim = next(k for k, v in cache.client.hgetall(doc_key).items() if b"reset my password" in v)
     if damage == "truncated vector":
         cache.client.hset(emb_key, victim, cache.client.hget(emb_key, victim)[:100])
     elif damage == "lone surrogate":  # "\ud800" decodes to a str UTF-8 cannot encode: must not raise
         doc = cache.client.hget(doc_key, victim)
-        cache.client.hset(doc_key, victim, doc.replace(b"good answer", b"\\ud800"))
-    else:  # both halves moved to a name that is not UTF-8: deleted by those bytes, not a replaced text
+        cache.client.hset(doc_key, victim, doc.replace(b"reset my password", b"\\ud800"))
+    else:  # all three values moved to a name that is not UTF-8: deleted by those bytes, not a replaced text
         for key in (emb_key, doc_key):
             value = cache.client.hget(key, victim)
             cache.client.hdel(key, victim)
             cache.client.hset(key, b"\xff\xfe" + victim, value)
+        written = cache.client.zscore(age_key, victim)
+        cache.client.zrem(age_key, victim)
+        cache.client.zadd(age_key, {b"\xff\xfe" + victim: written})
         victim = b"\xff\xfe" + victim
     cache.client.incr(ver_key)
     assert cache.lookup(PARAPHRASE, "t", GREEDY) is None
     assert cache.snapshot()["corrupt"] == 1
     assert not cache.client.hexists(doc_key, victim) and not cache.client.hexists(emb_key, victim)
-    assert cache.lookup("How can I track my package?", "t", GREEDY).answer == "tracking answer"
+    assert cache.lookup("How can I track my package?", "t", GREEDY).answer == answer("tracking answer")
 
 
 def test_an_entry_half_evicted_by_a_bounded_redis_is_deleted_as_incomplete_not_corrupt(cache):
     """A bounded Redis evicts keys, not entries: the embeddings hash may go while the documents stay."""
-    cache.store(QUESTION, "t", GREEDY, "good answer")
+    cache.store(QUESTION, "t", GREEDY, answer("good answer"))
     emb_key, doc_key, _, ver_key = cache._keys("t")
     cache.client.delete(emb_key)  # what volatile-lru does to one of the tenant's keys
     cache.client.incr(ver_key)
@@ -311,7 +314,7 @@ def test_a_tenant_key_of_another_type_is_deleted_without_opening_the_breaker(cac
 
     emb_key, _, _, ver_key = cache._keys("t")
     for _ in range(6):  # more than the breaker's failure threshold
-        assert cache.store(QUESTION, "t", GREEDY, "an answer")
+        assert cache.store(QUESTION, "t", GREEDY, answer("an answer"))
         cache.client.delete(emb_key)
         cache.client.set(emb_key, b"not a hash")
         cache.client.incr(ver_key)
@@ -319,8 +322,8 @@ def test_a_tenant_key_of_another_type_is_deleted_without_opening_the_breaker(cac
         assert cache.client.exists(emb_key) == 0
     assert cache.snapshot()["corrupt"] == 6 and cache.snapshot()["errors"] == 0
     assert cache.breaker.state is BreakerState.CLOSED
-    assert cache.store(QUESTION, "t", GREEDY, "again")
-    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "again"
+    assert cache.store(QUESTION, "t", GREEDY, answer("again"))
+    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == answer("again")
     clock = FakeClock()  # as the half-open probe after an outage, the WRONGTYPE reply closes the breaker
     cache.breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=5.0, clock=clock)
     cache.breaker.record_failure()
@@ -340,10 +343,10 @@ def test_a_bad_age_or_stamp_key_fails_one_store_is_deleted_and_opens_no_breaker(
     _, _, age_key, ver_key = cache._keys("t")
     cache.client.set(age_key if bad == "age" else ver_key, b"not what the script needs")
     for _ in range(6):  # more than the breaker's failure threshold
-        cache.store(QUESTION, "t", GREEDY, "an answer")
+        cache.store(QUESTION, "t", GREEDY, answer("an answer"))
     assert cache.snapshot()["errors"] == 0 and cache.breaker.state is BreakerState.CLOSED
     assert cache.snapshot()["corrupt"] == 1 and cache.snapshot()["stores"] == 5
-    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "an answer"
+    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == answer("an answer")
 
 
 def test_a_guard_check_on_document_long_prompts_is_linear_not_quadratic():
@@ -382,27 +385,27 @@ def test_prompts_past_the_embedders_window_are_neither_stored_nor_matched(cache)
     risks = f"{summary} then list the main risks it mentions, ranked by severity"
     vectors = cache.embed_queries([summary, risks])
     assert vectors[0] @ vectors[1] > 0.999  # what the cache would have compared
-    assert not cache.store(summary, "t", GREEDY, "a one-sentence summary")
+    assert not cache.store(summary, "t", GREEDY, answer("a one-sentence summary"))
     assert cache.lookup(risks, "t", GREEDY) is None
     assert cache.snapshot()["too_long"] == 2 and cache.snapshot()["stores"] == 0
-    assert cache.store(QUESTION, "t", GREEDY, "an answer")  # a question within the window still is
+    assert cache.store(QUESTION, "t", GREEDY, answer("an answer"))  # a question within the window still is
     assert cache.lookup(f"{document} {QUESTION}", "t", GREEDY) is None
-    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "an answer"
+    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == answer("an answer")
     assert cache.snapshot()["too_long"] == 3
 
 
 def test_a_prompt_utf_8_cannot_encode_is_not_stored_and_raises_nothing(cache):
-    assert not cache.store("How do I reset \ud800 my password?", "t", GREEDY, "an answer")
+    assert not cache.store("How do I reset \ud800 my password?", "t", GREEDY, answer("an answer"))
     assert cache.snapshot()["uncacheable"] == 1 and cache.snapshot()["errors"] == 0
 
 
 def test_matrix_is_cached_until_the_version_moves(cache):
-    cache.store(QUESTION, "t", GREEDY, "a1")
-    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == "a1"
+    cache.store(QUESTION, "t", GREEDY, answer("a1"))
+    assert cache.lookup(PARAPHRASE, "t", GREEDY).answer == answer("a1")
     first = cache._matrices["t"]
     assert cache.lookup(PARAPHRASE, "t", GREEDY) is not None
     assert cache._matrices["t"] is first  # not re-read
-    cache.store("How do I track my package?", "t", GREEDY, "a2")
+    cache.store("How do I track my package?", "t", GREEDY, answer("a2"))
     cache.lookup(PARAPHRASE, "t", GREEDY)
     assert cache._matrices["t"] is not first and len(cache._matrices["t"].ids) == 2
 
@@ -412,7 +415,7 @@ def test_max_entries_per_tenant_evicts_oldest(redis_server, embedder):
     for i, q in enumerate(
         ["How do I reset my password?", "How do I track my package?", "Is there a dark mode?"]
     ):
-        assert c.store(q, "t", GREEDY, f"ans{i}")
+        assert c.store(q, "t", GREEDY, answer(f"ans{i}"))
         time.sleep(0.01)
     assert c.client.hlen(c._keys("t")[1]) == 2
     assert c.snapshot()["evictions"] == 1
@@ -427,10 +430,10 @@ def test_a_lowered_bound_is_reached_over_several_stores_not_in_one_script(redis_
     narrow = SemanticResponseCache(redis_server, fingerprint, embedder, max_entries_per_tenant=10)
     try:
         for i in range(600):
-            assert wide.store(f"question {i}?", "t", GREEDY, "a", embedding=vec)
+            assert wide.store(f"question {i}?", "t", GREEDY, answer("a"), embedding=vec)
         held = []
         for i in range(3):
-            assert narrow.store(f"new question {i}?", "t", GREEDY, "b", embedding=vec)
+            assert narrow.store(f"new question {i}?", "t", GREEDY, answer("b"), embedding=vec)
             held.append(narrow.client.hlen(narrow._keys("t")[1]))
         assert held == [601 - MAX_TRIM_PER_WRITE, 602 - 2 * MAX_TRIM_PER_WRITE, 10]
         assert narrow.snapshot()["evictions"] == 603 - 10
@@ -445,7 +448,7 @@ def test_dead_redis_returns_no_hit_quickly(embedder):
     t0 = time.perf_counter()
     for _ in range(20):
         assert c.lookup(QUESTION, "t", GREEDY, embedding=vec) is None
-        assert c.store(QUESTION, "t", GREEDY, "x", embedding=vec) is False
+        assert c.store(QUESTION, "t", GREEDY, answer("x"), embedding=vec) is False
     assert time.perf_counter() - t0 < 1.0
     assert c.snapshot()["errors"] == 40
 
@@ -460,8 +463,8 @@ def test_a_store_that_fails_before_reaching_redis_leaves_the_breakers_probe(cach
     cache.breaker.record_failure()
     clock.now = 5.0
     with pytest.raises(ValueError, match="dimensions"):
-        cache.store(QUESTION, "t", GREEDY, "an answer", embedding=np.ones(7, dtype=np.float32))
-    assert cache.store(QUESTION, "t", GREEDY, "an answer")
+        cache.store(QUESTION, "t", GREEDY, answer("an answer"), embedding=np.ones(7, dtype=np.float32))
+    assert cache.store(QUESTION, "t", GREEDY, answer("an answer"))
     assert cache.breaker.state is BreakerState.CLOSED
 
 

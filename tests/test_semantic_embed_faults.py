@@ -13,7 +13,7 @@ from cache.response_cache import ExactResponseCache
 from cache.semantic_cache import SemanticResponseCache
 from engine.response_tier import ResponseTier
 from scheduler.messages import EngineRequestParams
-from tests.conftest import wait_for
+from tests.conftest import answer, wait_for
 from tests.test_engine_batching import RecordingSink, make_engine, model, request  # noqa: F401
 
 
@@ -34,12 +34,10 @@ def test_an_embedding_that_raises_is_a_miss_and_the_request_is_computed(model, r
         redis_server, fingerprint, CoalescingEmbedder(FailingEmbedder()), verifier=None
     )
     params = EngineRequestParams(max_tokens=4, tenant="t1")
-    assert semantic.store("seed question", "t1", params, "x", embedding=np.ones(384, np.float32))
+    assert semantic.store("seed question", "t1", params, answer("x"), embedding=np.ones(384, np.float32))
     exact = ExactResponseCache(redis_server, fingerprint, timeout_s=0.5)
     engine = make_engine(model, slots=2)
-    engine.responses = ResponseTier(
-        exact, lambda text: [ord(c) - 97 for c in text], lambda ids, trim: b"x", semantic=semantic
-    )
+    engine.responses = ResponseTier(exact, lambda ids, trim: b"x", semantic=semantic)
     if threads:
         engine.use_lookup_threads(threads)
     engine.start()

@@ -11,6 +11,7 @@ import pytest
 from cache.semantic_cache import SemanticResponseCache, content_words, normalize_question
 from cache.semantic_verifier import DEFAULT_WEIGHTS, FEATURES, Verifier, fit, pair_features, question_word
 from scheduler.messages import EngineRequestParams
+from tests.conftest import answer
 
 GREEDY = EngineRequestParams(max_tokens=32)
 
@@ -139,7 +140,7 @@ def test_lookup_uses_the_verifier_only_in_the_band_and_after_the_guard(redis_ser
         redis_server, f"fp-{uuid.uuid4().hex[:8]}", emb, threshold=0.8, verifier=accept_all
     )
     try:
-        assert c.store(stored, "t", GREEDY, " Click unsubscribe.")
+        assert c.store(stored, "t", GREEDY, answer(" Click unsubscribe."))
         hit = c.lookup(para, "t", GREEDY)
         assert hit is not None and hit.band == "verified" and 0.7 < hit.score < 0.8
         assert c.lookup(negated, "t", GREEDY) is None  # the guard runs first, whatever the verifier says

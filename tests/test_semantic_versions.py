@@ -13,8 +13,10 @@ import redis
 from cache.semantic_cache import SemanticResponseCache
 from cache.tenant_erasure import erase_tenant
 from scheduler.messages import EngineRequestParams
+from tests.conftest import answer
 
 GREEDY = EngineRequestParams(max_tokens=32)
+RESET, FRANCE = "How do I reset my password?", "What is the capital of France?"
 
 
 class NoEmbedder:
@@ -48,26 +50,26 @@ def erase(cache: SemanticResponseCache, tenant: str) -> None:
 
 def test_an_erased_answer_is_not_served_after_the_tenant_stores_again(replicas):
     a, b, tenant = replicas
-    assert b.store("How do I reset my password?", tenant, GREEDY, "SECRET", embedding=vec(0))
-    assert a.lookup("How do I reset my password?", tenant, GREEDY, embedding=vec(0)).answer == "SECRET"
+    assert b.store(RESET, tenant, GREEDY, answer("SECRET"), embedding=vec(0))
+    assert a.lookup(RESET, tenant, GREEDY, embedding=vec(0)).answer == answer("SECRET")
     erase(b, tenant)
-    assert b.store("What is the capital of France?", tenant, GREEDY, "Paris", embedding=vec(1))
-    assert a.lookup("How do I reset my password?", tenant, GREEDY, embedding=vec(0)) is None
-    assert a.lookup("What is the capital of France?", tenant, GREEDY, embedding=vec(1)).answer == "Paris"
+    assert b.store(FRANCE, tenant, GREEDY, answer("Paris"), embedding=vec(1))
+    assert a.lookup(RESET, tenant, GREEDY, embedding=vec(0)) is None
+    assert a.lookup(FRANCE, tenant, GREEDY, embedding=vec(1)).answer == answer("Paris")
 
 
 def test_entries_read_without_a_stamp_are_not_reused_once_erased(replicas):
     a, b, tenant = replicas
-    assert b.store("How do I reset my password?", tenant, GREEDY, "SECRET", embedding=vec(0))
+    assert b.store(RESET, tenant, GREEDY, answer("SECRET"), embedding=vec(0))
     b.client.delete(b._keys(tenant)[3])  # the stamp alone evicted by a bounded Redis
-    assert a.lookup("How do I reset my password?", tenant, GREEDY, embedding=vec(0)).answer == "SECRET"
+    assert a.lookup(RESET, tenant, GREEDY, embedding=vec(0)).answer == answer("SECRET")
     erase(b, tenant)
-    assert a.lookup("How do I reset my password?", tenant, GREEDY, embedding=vec(0)) is None
+    assert a.lookup(RESET, tenant, GREEDY, embedding=vec(0)) is None
 
 
 def with_a_bad_entry(cache: SemanticResponseCache, tenant: str) -> None:
-    assert cache.store("How do I reset my password?", tenant, GREEDY, "reset answer", embedding=vec(0))
-    assert cache.store("Is there a dark mode?", tenant, GREEDY, "dark answer", embedding=vec(5))
+    assert cache.store(RESET, tenant, GREEDY, answer("reset answer"), embedding=vec(0))
+    assert cache.store("Is there a dark mode?", tenant, GREEDY, answer("dark answer"), embedding=vec(5))
     emb, doc, _, _ = cache._keys(tenant)
     cache.client.hset(emb, b"f" * 24, cache.client.hget(emb, next(iter(cache.client.hkeys(doc)))))
 
@@ -87,11 +89,11 @@ def test_an_entry_stored_during_a_cleanup_is_seen(replicas):
     a, b, tenant = replicas
     with_a_bad_entry(b, tenant)
     before_cleanup(
-        a, lambda: b.store("How do I track my package?", tenant, GREEDY, "track", embedding=vec(7))
+        a, lambda: b.store("How do I track my package?", tenant, GREEDY, answer("track"), embedding=vec(7))
     )
-    a.lookup("How do I reset my password?", tenant, GREEDY, embedding=vec(0))
+    a.lookup(RESET, tenant, GREEDY, embedding=vec(0))
     assert a.snapshot()["incomplete"] + a.snapshot()["corrupt"] == 1
-    assert a.lookup("How do I track my package?", tenant, GREEDY, embedding=vec(7)).answer == "track"
+    assert a.lookup("How do I track my package?", tenant, GREEDY, embedding=vec(7)).answer == answer("track")
 
 
 def test_an_erasure_during_a_cleanup_leaves_nothing_served_and_no_stamp_without_ttl(replicas):
@@ -100,4 +102,4 @@ def test_an_erasure_during_a_cleanup_leaves_nothing_served_and_no_stamp_without_
     before_cleanup(a, lambda: erase(a, tenant))
     a.lookup("Is there a dark mode?", tenant, GREEDY, embedding=vec(5))
     assert a.client.ttl(a._keys(tenant)[3]) != -1, "the cleanup recreated the stamp with no expiry"
-    assert a.lookup("How do I reset my password?", tenant, GREEDY, embedding=vec(0)) is None
+    assert a.lookup(RESET, tenant, GREEDY, embedding=vec(0)) is None

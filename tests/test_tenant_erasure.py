@@ -37,7 +37,7 @@ def filled(redis_server, embedder):  # noqa: F811
         for tenant in (a, b):
             assert cache.put([1, 2, 3], params(tenant), answer(f"{tenant}'s answer"))
     for tenant in (a, b):
-        assert semantic.store(QUESTION, tenant, GREEDY, f"{tenant}'s semantic answer")
+        assert semantic.store(QUESTION, tenant, GREEDY, answer(f"{tenant}'s semantic answer"))
     kv = [RedisKVStore(redis_server, f"llm:kv:v1:{fp}") for fp in models]
     blocks = {tenant: _keys(3, tenant) for tenant in (a, b)}
     for store in kv:
@@ -63,7 +63,7 @@ def test_a_tenants_answers_are_deleted_for_every_model_and_only_its(redis_server
         assert cache.get([1, 2, 3], params(a)) is None
         assert cache.get([1, 2, 3], params(b)) == answer(f"{b}'s answer")
     assert semantic.lookup(QUESTION, a, GREEDY) is None
-    assert semantic.lookup(QUESTION, b, GREEDY).answer == f"{b}'s semantic answer"
+    assert semantic.lookup(QUESTION, b, GREEDY).answer == answer(f"{b}'s semantic answer")
     for store in kv:
         assert store.get(blocks[a][0], META) is None
         assert store.get(blocks[b][0], META) is not None
@@ -161,9 +161,9 @@ def test_an_index_written_as_a_plain_set_before_is_still_erased(redis_server):
 
 
 def test_entries_of_the_earlier_key_formats_are_erased_too(redis_server):
-    """v1 and v2 exact and v1 semantic entries are never read again but hold the tenant's answers until
+    """v1 and v2 exact and semantic entries are never read again but hold the tenant's answers until
     their TTL.
-    Named as the v1 code named them: the semantic ones in a hash tag, `{<fp>:<tag>}` (a pattern written
+    Named as the earlier code named them: the semantic ones in a hash tag, `{<fp>:<tag>}` (a pattern written
     for `:<tag>:` matched none of them; found in review)."""
     from cache.response_cache import tenant_tag
 
@@ -171,15 +171,15 @@ def test_entries_of_the_earlier_key_formats_are_erased_too(redis_server):
     tenant, other = f"old-{uuid.uuid4().hex[:6]}", f"keep-{uuid.uuid4().hex[:6]}"
     fp = "0123456789abcdef|fedcba9876543210|float32|slot-kv-v1"
 
-    def v1_names(t: str) -> list[str]:
-        semantic = f"llm:resp:sem:v1:{{{fp}:{tenant_tag(t)}}}"
+    def old_names(t: str) -> list[str]:
         exact = [f"llm:resp:exact:{version}:{fp}:{tenant_tag(t)}:abc" for version in ("v1", "v2")]
-        return exact + [f"{semantic}:{k}" for k in ("emb", "doc", "age", "ver")]
+        semantic = [f"llm:resp:sem:{version}:{{{fp}:{tenant_tag(t)}}}" for version in ("v1", "v2")]
+        return exact + [f"{prefix}:{k}" for prefix in semantic for k in ("emb", "doc", "age", "ver")]
 
-    mine, theirs = v1_names(tenant), v1_names(other)
+    mine, theirs = old_names(tenant), old_names(other)
     for key in [*mine, *theirs]:
         client.set(key, b"an old answer", ex=600)
-    assert erase_tenant(client, tenant).keys == {"exact": 2, "semantic": 4, "l3": 0}
+    assert erase_tenant(client, tenant).keys == {"exact": 2, "semantic": 8, "l3": 0}
     assert not client.exists(*mine) and client.exists(*theirs) == len(theirs)
     client.close()
 
