@@ -1,8 +1,8 @@
 """An answer cut short by its slot ("length" before max_tokens, because prompt + max_tokens exceeds
-max_len) is kept by the exact cache only: its own prompt is cut the same way again. The semantic
-signature holds max_tokens, but the cut depends on the stored prompt's length, which a match does not
-see: a paraphrase with a shorter prompt, whose own generation runs to max_tokens, was served the cut
-answer. Found in review (and that the exact cache then lost such answers, in a second review)."""
+max_len) is kept by the exact cache only: its own prompt is cut the same way again. The cut depends on
+the stored prompt's length, which a semantic match does not see: a paraphrase with a shorter prompt,
+whose own generation runs to max_tokens, was served the cut answer. Found in review (and that the
+exact cache then lost such answers, in a second review)."""
 
 from __future__ import annotations
 
