@@ -154,6 +154,7 @@ SERVED = {"l1": ("l1", "hit_blocks"), "l2": ("l2", "hit_blocks"), "l3": ("l3", "
           "l3_explore": ("l3", "decision_explore"), "exact": ("exact", "hits"),
           "exact_stores": ("exact", "stores")}  # fmt: skip
 BOOKKEEPING = {"lookup": ("prefix", "lookup_seconds"), "store": ("prefix", "store_seconds"),
+               "store_cpu": ("prefix", "store_cpu_seconds"),
                "l3_probe": ("l3", "probe_seconds"), "l3_probes": ("l3", "probes"),
                "l3_probe_wait": ("l3", "probe_wait_seconds"),
                "exact": ("exact", "request_seconds")}  # fmt: skip
@@ -466,10 +467,10 @@ def throughput_tables(run: ThroughputRun, suffix: str = "") -> tuple[str, str, d
     timers = print_table(
         ["request ms (use, kv-only)", "lookup ms", "of which waiting for the L3 probe ms",
          "L3 probe round trip ms (from arrival)", "L3 probes per request", "store ms",
-         "cache work per request", "exact cache ms (use)"],
+         "of which the store's CPU ms", "cache work per request", "exact cache ms (use)"],
         [[request_ms, per_request["lookup"], per_request["l3_probe_wait"], per_request["l3_probe"],
           run.bookkeeping_s["l3_probes"] / run.requests, per_request["store"],
-          f"{spent_ms / request_ms * 100:.2f}%", exact_ms]],
+          per_request.get("store_cpu", float("nan")), f"{spent_ms / request_ms * 100:.2f}%", exact_ms]],
     )  # fmt: skip
     return rates, timers, losses
 

@@ -72,10 +72,17 @@ MAX_TRIM_PER_WRITE = 256
 
 @dataclass(frozen=True)
 class Written:
-    stored: list[bool]  # whether each SET took
+    stored: list[bool]  # whether each value was written (a `setter` may keep the one already there)
     evicted: list[str]  # names the index's limit deleted (its owner's oldest, maybe some just written)
     trim_error: str | None = None  # the quota's script failed (the SETs took; nothing was announced)
     repaired_index: bool = False  # the index held another type: deleted, and the names listed afresh
+
+
+Setter = Callable[[Any, str, bytes, int], None]  # queues the write of (name, value, ttl) on a pipeline
+
+
+def set_with_ttl(pipe: Any, name: str, value: bytes, ttl_s: int) -> None:
+    pipe.set(name, value, ex=ttl_s)
 
 
 def write_announced(
@@ -86,10 +93,13 @@ def write_announced(
     index: str | None = None,
     index_limit: int = 0,
     head: Sequence[str] = (),
+    setter: Setter = set_with_ttl,
 ) -> Written:
     """SET each (name, value) with a TTL and announce the names, in one round trip. Only the SETs decide
     what is stored: a Redis that refuses the announcement (an ACL without channel access) still stores,
-    and readers' directories, which cannot subscribe there either, stay unsynced.
+    and readers' directories, which cannot subscribe there either, stay unsynced. `setter`: another
+    write than a SET (a script that may keep the value already there, replying 0, and renew its TTL):
+    the name is announced and listed either way, since Redis holds it.
     `index`: a sorted set that also gets the names, scored by when they expire, for keys whose names do
     not say whose they are; names expired by then (less `INDEX_CLOCK_MARGIN_S`, for replicas' clocks) are
     pruned in the same round trip, so an index stays as large as what its owner holds in Redis.
@@ -103,7 +113,7 @@ def write_announced(
     its owner writes: it is deleted and the names listed afresh, in a second round trip."""
     pipe = client.pipeline(transaction=False)
     for name, value in values:
-        pipe.set(name, value, ex=ttl_s)
+        setter(pipe, name, value, ttl_s)
     names = [name for name, _ in values]
     trims = bool(values) and index is not None and index_limit > 0
     if values and not trims:

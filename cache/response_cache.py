@@ -11,7 +11,7 @@ they stop. An entry holds the answer's token ids and whether it is final (EOS, a
 model's sequence limit ended it): it serves a request allowed fewer tokens with its first ones, and one
 allowed more only when final (`ExactAnswer.within`). A warmup answer of 512 tokens then serves every
 client's budget up to 512, and every budget at all if final; keyed by budget, it served only clients
-asking exactly 512. A write keeps an entry that serves more budgets than it would.
+asking exactly 512. A write keeps an entry that serves more budgets than it would, in one atomic script.
 
 Values are JSON with a format version and a checksum over (key, answer): never pickle, since Redis is a
 shared store and unpickling its bytes would run whatever someone put there. A value that fails the
@@ -42,7 +42,7 @@ from typing import Any
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
 from cache.wrong_type import is_wrong_type
-from cache.key_directory import INDEX_DROPPED, KeyDirectory, renew_listed, write_announced
+from cache.key_directory import INDEX_DROPPED, KeyDirectory, Setter, renew_listed, write_announced
 from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 2  # 2: token ids, how many were sent, trim and final (1: the text)
@@ -167,6 +167,42 @@ class ExactAnswer:
 
 def _small_int(value: Any, most: int) -> bool:
     return type(value) is int and 0 <= value <= most
+
+
+# Write an exact answer (KEYS[1], ARGV[1], TTL ARGV[2]) unless the value there serves a budget it does not:
+# the new answer is not final (ARGV[3] '0') and the stored one, a format ARGV[5] value, is final or holds
+# more ids than ARGV[4] (`ExactAnswer.serves_more_than`); that one is kept with a fresh TTL (reply 0).
+# Atomic, so neither a racing writer nor a key directory that missed an announcement cuts it down. Lua
+# cannot check the SHA-256: a value that parses as an answer but fails its checksum may keep one write
+# out, until the next `get` deletes it as corrupt.
+_KEEP_OR_SET = """
+if ARGV[3] == '0' then
+  local old = redis.pcall('GET', KEYS[1])
+  if type(old) == 'string' then
+    local ok, doc = pcall(cjson.decode, old)
+    if ok and type(doc) == 'table' and doc.v == tonumber(ARGV[5]) and type(doc.answer) == 'table' then
+      local ids, final = doc.answer[1], doc.answer[4]
+      if type(ids) == 'table' and (final == true or #ids > tonumber(ARGV[4])) then
+        redis.call('EXPIRE', KEYS[1], ARGV[2])
+        return 0
+      end
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+
+
+def _keep_or_set(answer: ExactAnswer) -> Setter:
+    """`write_announced`'s setter for `answer`: `_KEEP_OR_SET` with the answer's coverage. EVAL, not
+    EVALSHA: from a pipeline redis-py would ask SCRIPT EXISTS first (a second round trip)."""
+    final, count = int(answer.final), len(answer.ids)
+
+    def queue(pipe: Any, name: str, value: bytes, ttl_s: int) -> None:
+        pipe.eval(_KEEP_OR_SET, 1, name, value, ttl_s, final, count, FORMAT_VERSION)
+
+    return queue
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -430,12 +466,12 @@ class ExactResponseCache(RedisCacheBase):
         answer: ExactAnswer,
         key: str | None = None,
     ) -> bool:
-        """`key`: as for `get`. An answer that is not final reads the entry first (`_entry_serving_more`):
-        one that serves a budget the answer does not is written again in its place (`kept`; False is
-        returned), so that a warmup run with a small `max_tokens` (`cache=refresh` reads nothing before)
-        or a write after a failed lookup does not cut the answers clients are served down to its budget,
-        and the entry's TTL and quota listing are renewed as the write would have. No GET for a key the
-        key directory knows is absent (most writes follow a miss)."""
+        """`key`: as for `get`. The write is a script that keeps an entry serving a budget `answer` does
+        not (`_KEEP_OR_SET`; counted `kept`, False is returned) and renews its TTL, so that a warmup run
+        with a small `max_tokens` (`cache=refresh` reads nothing before), a write after a failed lookup,
+        another replica's write racing this one, or an entry whose announcement this replica's key
+        directory missed never cut the answers clients are served down to its budget. Either way the key
+        is announced and listed in a quota's index, as Redis holds it. One round trip, no GET."""
         if not self.cacheable(params):
             self._count("uncacheable")
             return False
@@ -443,17 +479,18 @@ class ExactResponseCache(RedisCacheBase):
         value = self.encode_value(key, answer)
         if len(value) > self.max_value_bytes:
             return False
-        better = self._entry_serving_more(key, answer)
-        if better is _UNREAD:
-            return False
-        if better is not None:
-            value = better
-        if not self._may_write():  # after what may raise: a call the breaker allowed must report back
+        if not self._may_write():
             return False
         index = self.tenant_index(params.tenant) if self.tenant_max_entries else None
         try:
             written = write_announced(
-                self.client, self.namespace, [(key, value)], self.ttl_s, index, self.tenant_max_entries
+                self.client,
+                self.namespace,
+                [(key, value)],
+                self.ttl_s,
+                index,
+                self.tenant_max_entries,
+                setter=_keep_or_set(answer),
             )
         except self._redis_errors as exc:
             self._write_failed(exc)
@@ -463,37 +500,20 @@ class ExactResponseCache(RedisCacheBase):
             self._forget(name)
         self._count("quota_evictions", len(written.evicted))
         self._count("bad_indexes", int(written.repaired_index))
-        if written.trim_error is not None:  # the SET took; the next write trims
+        if written.trim_error is not None:  # the write took; the next write trims
             self._count("errors")
         if key in written.evicted:  # a quota of 1 and an answer renewed a moment later (a clock ahead)
             return False
         if self.directory is not None:
             self.directory.add([key])
-        self._count("stores" if better is None else "kept")
-        return better is None
-
-    def _entry_serving_more(self, key: str, answer: ExactAnswer) -> bytes | None | object:
-        """The value under `key` when it serves a budget `answer` does not: written again in its place, as
-        the write would have been (fresh TTL, listed in a quota's index, announced). None: write `answer`
-        (no entry, an unreadable one, or `answer` is final and serves every budget). `_UNREAD` when the
-        read failed: a write that cannot tell whether it would cut an entry down is not made (Redis is
-        failing anyway, and a later request writes again)."""
-        if answer.final:  # nothing serves more: no read
-            return None
-        if self.directory is not None and self.directory.contains(key) is False:
-            return None  # no entry: most writes, which follow a miss, send no GET
-        if not self.full.allow():  # writes paused (counted by the gate): no read for a write not sent
-            return _UNREAD
-        raw = self._read(key)
-        if raw is _UNREAD:
-            return _UNREAD
-        stored = self.decode_value(key, raw) if isinstance(raw, bytes) else None  # a bad value: replaced
-        return raw if stored is not None and stored.serves_more_than(answer) else None
+        stored = written.stored[0]
+        self._count("stores" if stored else "kept")
+        return stored
 
     def _read(self, key: str) -> bytes | None | object:
-        """GET `key` through the breaker: its value, None when absent, `_WRONG_TYPE` when another type sits
-        under it (Redis answered), or `_UNREAD` when the breaker is open (counted an error) or the GET
-        failed (a breaker failure)."""
+        """`get`'s GET of `key` through the breaker: its value, None when absent, `_WRONG_TYPE` when another
+        type sits under it (Redis answered), or `_UNREAD` when the breaker is open (counted an error) or
+        the GET failed (a breaker failure)."""
         if not self.breaker.allow():
             self._count("errors")
             return _UNREAD

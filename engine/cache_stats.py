@@ -70,6 +70,7 @@ def cache_counters(
         out[("l1", "evictions")] = prefix.evictions
         out[("prefix", "lookup_seconds")] = prefix.lookup_seconds  # the cache's own cost per request
         out[("prefix", "store_seconds")] = prefix.store_seconds
+        out[("prefix", "store_cpu_seconds")] = prefix.store_cpu_seconds  # of it, the thread's CPU time
         out[("prefix", "tier_errors")] = prefix.tier_errors  # a tier raised: that lookup or store dropped
         tiers = ["l1"]
         if prefix.l2 is not None:

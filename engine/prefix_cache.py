@@ -123,6 +123,9 @@ class PrefixCache:
         self.l2_miss_blocks = 0
         self.lookup_seconds = 0.0  # what the cache costs every request, hit or not (host clock)
         self.store_seconds = 0.0
+        # the stores' own CPU time (the thread's clock): against store_seconds, what they waited (the GIL,
+        # a descheduled thread) apart from what they computed
+        self.store_cpu_seconds = 0.0
         # exceptions a tier raised (a bug, a device or host memory failure; Redis errors are the store's
         # own): the lookup keeps the prefix found so far, the store or demotion is dropped, the request
         # computes the rest. One tier's failure must not end the request, nor every running one.
@@ -271,7 +274,7 @@ class PrefixCache:
         write. `head`: the keys of `tokens`' leading blocks, already hashed for this tenant (a
         `PrefixHint`'s); only the rest is hashed here.
         """
-        started = self.clock()
+        started, cpu = self.clock(), time.thread_time()
         try:
             with one_host_thread(self.pool.device):
                 self._publish_reused()
@@ -281,6 +284,7 @@ class PrefixCache:
             return 0
         finally:
             self.store_seconds += self.clock() - started
+            self.store_cpu_seconds += time.thread_time() - cpu
 
     def _tier_failed(self, where: str, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"

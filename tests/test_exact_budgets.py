@@ -9,12 +9,14 @@ import uuid
 import pytest
 import redis
 
-from cache.response_cache import ExactAnswer, ExactResponseCache
+from cache.key_directory import KeyDirectory
+from cache.response_cache import ExactAnswer, ExactResponseCache, exact_namespace
 from engine.engine import Engine
 from engine.model_runner import ModelRunner
 from engine.response_tier import ResponseTier
 from engine.stop_strings import StopMatcher
 from scheduler.messages import EngineRequestParams
+from tests.conftest import wait_for
 from tests.test_engine_batching import (
     BUCKETS,
     EOS,
@@ -181,10 +183,10 @@ def test_a_write_after_a_failed_lookup_does_not_cut_a_longer_entry_down(redis_se
         tier.close()
 
 
-def test_a_write_whose_own_read_fails_is_not_made(redis_server, monkeypatch):
-    """Redis stalls past the timeout (a fork, a long quota trim): the lookup's GET and the write's GET both
-    time out, and a SET sent right after would go through once the stall ends, a 2-token answer replacing
-    a final one (every budget over 2 would miss again). A write that cannot read is not made."""
+def test_a_write_that_lands_after_its_timeout_keeps_a_final_entry(redis_server, monkeypatch):
+    """Redis stalls past the timeout (a fork, a long quota trim): the lookup's GET times out, and so does
+    the write's reply, but the write itself runs once the stall ends. A 2-token answer must not replace a
+    final one then (every budget over 2 would miss again): the write decides in Redis, when it runs."""
     cache = ExactResponseCache(redis_server, f"fp-{uuid.uuid4().hex[:8]}", timeout_s=0.5)
     tier = ResponseTier(cache, lambda ids, trim: b"", first_use=True)
     prompt = [1, 2, 3]
@@ -193,24 +195,60 @@ def test_a_write_whose_own_read_fails_is_not_made(redis_server, monkeypatch):
     final = ExactAnswer(tuple(range(8)), final=True)  # ended (EOS) after 8 tokens
     try:
         assert cache.put(prompt, long, final)
-        real_get, calls = cache.client.get, []
+        real_get, real_pipeline = cache.client.get, cache.client.pipeline
 
-        def stalled_twice(key):
-            calls.append(key)
-            if len(calls) <= 2:  # the lookup's GET and the writer's GET
+        def stalled_get(key):
+            monkeypatch.setattr(cache.client, "get", real_get)
+            raise redis.TimeoutError("Timeout reading from socket")
+
+        def late_pipeline(*args, **kwargs):
+            pipe = real_pipeline(*args, **kwargs)
+            execute = pipe.execute
+
+            def landed_late(*a, **kw):
+                execute(*a, **kw)
                 raise redis.TimeoutError("Timeout reading from socket")
-            return real_get(key)
 
-        monkeypatch.setattr(cache.client, "get", stalled_twice)
+            pipe.execute = landed_late
+            return pipe
+
+        monkeypatch.setattr(cache.client, "get", stalled_get)
+        monkeypatch.setattr(cache.client, "pipeline", late_pipeline)
         found = tier.lookup(prompt, short)
         assert found.tokens is None
         tier.remember(prompt, short, [0, 1], 0, found.key, final=False)  # Engine._emit on "length"
         assert tier.drain_writes()
-        assert len(calls) == 2
+        assert cache.snapshot()["errors"] == 2, "the lookup's timeout and the write's"
         assert cache.get(prompt, long) == final, cache.snapshot()
-        assert cache.snapshot()["errors"] == 2, "one failure per GET, no SET sent after the second"
     finally:
         tier.close()
+
+
+def test_a_write_keeps_an_entry_its_key_directory_never_heard_of(redis_server):
+    """Another replica's longer answer whose announcement this replica missed (pub/sub delivers at most
+    once; or it landed between this replica's lookup and its write): the directory says "absent", and a
+    write that trusted it without asking Redis cut the entry down to its own budget."""
+    fp = f"fp-{uuid.uuid4().hex[:8]}"
+    directory = KeyDirectory(redis_server, exact_namespace(fp)).start()
+    cache = ExactResponseCache(redis_server, fp, timeout_s=0.5, directory=directory)
+    other = ExactResponseCache(redis_server, fp, timeout_s=0.5)
+    raw = redis.Redis.from_url(redis_server)
+    prompt = [7, 8, 9]
+    client = EngineRequestParams(max_tokens=8, temperature=0.0, tenant="dir")
+    short = EngineRequestParams(max_tokens=2, temperature=0.0, tenant="dir")
+    try:
+        assert wait_for(lambda: directory.synced, 10), "the directory never synced"
+        key = cache.key(prompt, client)
+        raw.set(key, other.encode_value(key, ExactAnswer(tuple(range(8)))))  # written, never announced
+        assert directory.contains(key) is False
+        assert not cache.put(prompt, short, ExactAnswer((0, 1)))
+        assert cache.snapshot()["kept"] == 1 and cache.snapshot()["stores"] == 0
+        assert other.get(prompt, client) == ExactAnswer(tuple(range(8)))
+        assert directory.contains(key), "kept, so Redis holds it: known at once"
+    finally:
+        cache.close()
+        other.close()
+        raw.close()
 
 
 @pytest.mark.parametrize("quota", [0, 8])

@@ -35,9 +35,10 @@ def scratch(model) -> Engine:  # noqa: F811
 
 
 class Spy:
-    """Wraps the store's calls: records the keys L3 is asked about, optionally slows the GET."""
+    """Wraps the store's calls: records the keys L3 is asked about, optionally slows the GET, or holds
+    it until `gate` is set (a fetch in flight for as long as the test needs, however slow the host)."""
 
-    def __init__(self, store, get_delay_s: float = 0.0):
+    def __init__(self, store, get_delay_s: float = 0.0, gate: threading.Event | None = None):
         self.asked: list[list[bytes]] = []
         self.threads: set[str] = set()
         exists, get = store.exists_chain, store.get_chain
@@ -48,6 +49,8 @@ class Spy:
             return exists(keys)
 
         def get_chain(keys, meta):
+            if gate is not None:
+                assert gate.wait(60), "the test never released the fetch"
             time.sleep(get_delay_s)
             return get(keys, meta)
 
@@ -93,12 +96,14 @@ def test_a_fetch_still_in_flight_is_deferred_and_adopted_in_the_background(model
     namespace = f"prefetch-test:{request.node.name}"
     seeded(model, redis_server, namespace)
     engine = replica(model, redis_server, namespace)
-    spy = Spy(engine.prefix_cache.l3.store, get_delay_s=0.5)
+    held = threading.Event()  # the fetches outlast the warmup: in flight when it ends
+    spy = Spy(engine.prefix_cache.l3.store, gate=held)
     report = run_warmup(engine, enabled=True, hot_prefixes=TEMPLATES, prefill_budget_s=0.05)
     assert report.prefill_loaded == 0 and report.prefill_deferred == 2
     assert report.l3_prefetch["templates_waits"] == 1
     assert 0.04 < report.l3_prefetch["templates_waited_s"] < 0.5, "waited for the budget, not for the fetch"
     assert report.l3_prefetch["in_flight"] == 2 and stage(report, "l3_prefetch").end_s is None
+    held.set()
     engine.ready = True
     engine.start()
     deadline = time.monotonic() + 30

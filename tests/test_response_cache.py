@@ -28,6 +28,7 @@ from tests.conftest import wait_for, answer
 from tests.test_redis_kv_store import FakeClock
 
 PROMPT = [1, 15, 27, 99, 3]
+ONE = EngineRequestParams(max_tokens=1)  # a budget every one-token answer serves
 
 
 @pytest.fixture
@@ -187,7 +188,7 @@ def test_an_answer_serves_every_budget_it_decides_and_none_other(cache):
     cache.client.delete(cache.key(PROMPT, at(3)))
     assert cache.put(PROMPT, at(3), ExactAnswer((5, 6, 7), 0, False))
     assert cache.get(PROMPT, at(3)) == ExactAnswer((5, 6, 7), 0, False)
-    assert cache.get(PROMPT, at(1)) == ExactAnswer((5,), 0, False)
+    assert cache.get(PROMPT, ONE) == ExactAnswer((5,), 0, False)
     assert cache.get(PROMPT, at(4)) is None
     s = cache.snapshot()
     assert (s["hits"], s["misses"], s["shorter"]) == (5, 1, 1)
@@ -207,6 +208,38 @@ def test_a_write_keeps_an_entry_that_serves_more_budgets(cache):
     assert not cache.put(PROMPT, params, short)
     assert cache.put(PROMPT, params, final), "a final answer replaces one stopped at its budget"
     assert cache.get(PROMPT, params) == final and cache.snapshot()["kept"] == 3
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param(lambda c, key: c.client.set(key, b"\x00not json"), id="bytes"),
+        pytest.param(lambda c, key: c.client.set(key, b"[1, 2]"), id="json-not-an-object"),
+        pytest.param(lambda c, key: c.client.set(key, b'{"v": 1, "text": "old", "sum": "0"}'), id="format-1"),
+        pytest.param(lambda c, key: c.client.set(key, b'{"v": 2, "answer": "x", "sum": "0"}'), id="no-list"),
+        pytest.param(lambda c, key: c.client.hset(key, "field", "not ours"), id="another-type"),
+    ],
+)
+def test_a_write_replaces_what_is_not_an_answer(cache, stored):
+    """The write's check runs in Redis (Lua): whatever it cannot read as an answer is no reason to keep it,
+    and a value of another type neither fails the write nor opens the breaker."""
+    params = EngineRequestParams(max_tokens=64)
+    key = cache.key(PROMPT, params)
+    stored(cache, key)
+    assert cache.put(PROMPT, params, ExactAnswer((1,)))
+    assert cache.get(PROMPT, ONE) == ExactAnswer((1,)) and cache.snapshot()["errors"] == 0
+    assert cache.client.ttl(key) > 0
+
+
+def test_a_value_that_fails_its_checksum_keeps_out_one_write_then_goes(cache):
+    """Lua cannot check SHA-256: a final answer copied under another key looks final to the write, which
+    keeps it; the next read finds the checksum wrong, deletes it, and the write after that lands."""
+    params = EngineRequestParams(max_tokens=64)
+    key, elsewhere = cache.key(PROMPT, params), cache.key([9, 9], params)
+    cache.client.set(key, cache.encode_value(elsewhere, ExactAnswer((4, 4), 0, True)))
+    assert not cache.put(PROMPT, params, ExactAnswer((1,)))
+    assert cache.get(PROMPT, ONE) is None and cache.snapshot()["corrupt"] == 1
+    assert cache.put(PROMPT, params, ExactAnswer((1,))) and cache.get(PROMPT, ONE) == ExactAnswer((1,))
 
 
 def test_a_value_of_another_type_under_a_key_is_deleted_as_corrupt_without_opening_the_breaker(cache):

@@ -14,7 +14,7 @@ from client.generate import StreamingSession, generate
 from client.metrics import metric_total, scrape_metrics
 from deploy.launch import StackOptions, find_free_port, start_stack
 from deploy.logs import log_events, warmup_report
-from tests.conftest import MODEL_DIR, REPO_ROOT
+from tests.conftest import MODEL_DIR, REPO_ROOT, wait_for
 
 RECORDED = {20: 300, 45: 200, 90: 120, 180: 60, 400: 20}  # prompt length -> count
 MAX_TOKENS = 8
@@ -54,9 +54,14 @@ def test_recorded_lengths_meet_no_cold_shape(planned_stack):
     for length in RECORDED:
         result = generate(planned_stack.grpc_url, prompts.make(length), sampling={"max_tokens": MAX_TOKENS})
         assert result.text
+
+    def finished() -> float:  # counted once the final response is on its way: a scrape may come first
+        metrics = scrape_metrics(planned_stack.metrics_url)
+        return metric_total(metrics, "llm_engine_requests_finished_total", tier="standard")
+
+    assert wait_for(lambda: finished() == len(RECORDED), 10), finished()
     metrics = scrape_metrics(planned_stack.metrics_url)
     assert metric_total(metrics, "llm_engine_new_shapes_after_ready_total") == 0
-    assert metric_total(metrics, "llm_engine_requests_finished_total", tier="standard") == len(RECORDED)
 
 
 def test_kv_pools_are_sized_per_length_class(planned_stack):
