@@ -169,29 +169,38 @@ def _small_int(value: Any, most: int) -> bool:
     return type(value) is int and 0 <= value <= most
 
 
-# Write an exact answer (KEYS[1], ARGV[1], TTL ARGV[2]) unless the value there serves a budget it does not:
-# the new answer is not final (ARGV[3] '0') and the stored one, a format ARGV[5] value, is final or holds
-# more ids than ARGV[4] (`ExactAnswer.serves_more_than`); that one is kept with a fresh TTL (reply 0).
-# Atomic, so neither a racing writer nor a key directory that missed an announcement cuts it down. Lua
-# cannot check the SHA-256: a value that parses as an answer but fails its checksum may keep one write
-# out, until the next `get` deletes it as corrupt.
-_KEEP_OR_SET = """
-if ARGV[3] == '0' then
-  local old = redis.pcall('GET', KEYS[1])
-  if type(old) == 'string' then
-    local ok, doc = pcall(cjson.decode, old)
-    if ok and type(doc) == 'table' and doc.v == tonumber(ARGV[5]) and type(doc.answer) == 'table' then
-      local ids, final = doc.answer[1], doc.answer[4]
-      if type(ids) == 'table' and (final == true or #ids > tonumber(ARGV[4])) then
-        redis.call('EXPIRE', KEYS[1], ARGV[2])
-        return 0
-      end
-    end
+# `ExactAnswer.serves_more_than` in Lua, for the scripts that decide in Redis whether a write of an answer
+# that is not final keeps the one already there: `serves_more(raw, version, count)`, whether `raw` is a
+# JSON document of format `version` whose `answer` is final or holds more ids than `count`. Lua cannot
+# check the SHA-256: a value that parses as an answer but fails its checksum may keep one write out, until
+# the next read deletes it as corrupt.
+SERVES_MORE_LUA = """
+local function serves_more(raw, version, count)
+  if type(raw) ~= 'string' then return false end
+  local ok, doc = pcall(cjson.decode, raw)
+  if not (ok and type(doc) == 'table' and doc.v == tonumber(version) and type(doc.answer) == 'table') then
+    return false
   end
+  local ids = doc.answer[1]
+  return type(ids) == 'table' and (doc.answer[4] == true or #ids > tonumber(count))
+end
+"""
+
+# Write an exact answer (KEYS[1], ARGV[1], TTL ARGV[2]) unless the value there serves a budget it does not:
+# the new answer is not final (ARGV[3] '0') and the stored one, a format ARGV[5] value, serves more than
+# its ARGV[4] ids (`SERVES_MORE_LUA`); that one is kept with a fresh TTL (reply 0). Atomic, so neither a
+# racing writer nor a key directory that missed an announcement cuts it down.
+_KEEP_OR_SET = (
+    SERVES_MORE_LUA
+    + """
+if ARGV[3] == '0' and serves_more(redis.pcall('GET', KEYS[1]), ARGV[5], ARGV[4]) then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+  return 0
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 1
 """
+)
 
 
 def _keep_or_set(answer: ExactAnswer) -> Setter:

@@ -74,6 +74,7 @@ from cache.key_directory import MAX_TRIM_PER_WRITE
 from cache.circuit_breaker import CircuitBreaker
 from cache.wrong_type import is_wrong_type
 from cache.response_cache import (
+    SERVES_MORE_LUA,
     ExactAnswer,
     RedisCacheBase,
     canonical_json,
@@ -112,17 +113,16 @@ DEFAULT_OVERRULES: tuple[str, ...] = ("entities", "numbers", "direction")  # gua
 DEFAULT_OVERRULE_MIN = 0.95
 PAIR_TOP_K = 2
 
-_STORE_SCRIPT = """
-local function serves_more()
-  if ARGV[9] == '1' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return false end
+_STORE_SCRIPT = (
+    SERVES_MORE_LUA
+    + """
+local function keeps()
+  if ARGV[9] ~= '0' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return false end
   local written = tonumber(redis.call('ZSCORE', KEYS[3], ARGV[1]))
   if not written or written < tonumber(ARGV[7]) then return false end
-  local ok, doc = pcall(cjson.decode, redis.call('HGET', KEYS[2], ARGV[1]) or '')
-  local answer = ok and type(doc) == 'table' and doc.answer
-  if type(answer) ~= 'table' or type(answer[1]) ~= 'table' then return false end
-  return answer[4] == true or #answer[1] > tonumber(ARGV[10])
+  return serves_more(redis.call('HGET', KEYS[2], ARGV[1]), ARGV[11], ARGV[10])
 end
-local kept = serves_more()
+local kept = keeps()
 if not kept then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
@@ -148,15 +148,15 @@ redis.call('INCR', KEYS[4])
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return {evicted, kept and 1 or 0}
 """
+)
 # ARGV: the entry's id, embedding and document, when it is written (its score in the age set: what
 # lookups age it by), the TTL, the tenant's bound, the oldest time still served, the most one store may
-# evict, and the new answer's final flag (1/0) and token count.
+# evict, the new answer's final flag (1/0) and token count, and the documents' format.
 # An answer that is not final keeps the entry already under its id when that one serves more budgets
-# (`ExactAnswer.serves_more_than`, as Lua: it is final, or holds more tokens) and is still served (its
-# embedding there, its age within the TTL): its embedding and document stay, its time in the age set is
-# renewed as the write's would have been. The script cannot check the checksum (no SHA-256 in Redis's
-# Lua): an entry of the right shape that fails it is kept, then deleted by the next read, and the next
-# store writes.
+# (`SERVES_MORE_LUA`, the rule of `ExactAnswer.serves_more_than`) and is still served (its embedding there,
+# its age within the TTL): its embedding and document stay, its time in the age set is renewed as the
+# write's would have been. An entry of the right shape that fails its checksum (Lua has no SHA-256) is
+# kept, then deleted by the next read, and the next store writes.
 # A version stamp that went away (an erasure, a TTL, an eviction) starts again from the clock, not from 1:
 # a replica holding the entries it read at stamp N must never see N again for other entries.
 
@@ -1116,6 +1116,7 @@ class SemanticResponseCache(RedisCacheBase):
                     MAX_TRIM_PER_WRITE,
                     int(answer.final),
                     len(answer.ids),
+                    FORMAT_VERSION,
                 ],
             )
         except self._redis_errors as exc:
