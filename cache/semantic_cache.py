@@ -727,6 +727,12 @@ class _TenantMatrix:
     matrix: np.ndarray  # (n, dim) float32, unit rows
     features: dict[int, QuestionFeatures] = field(default_factory=dict)  # filled lazily
     sig_masks: dict[str, np.ndarray] = field(default_factory=dict)  # signature -> rows with it
+    rows: dict[str, int] = field(default_factory=dict)  # entry id -> row, built on first use
+
+    def row_of(self, entry_id: str) -> int | None:
+        if not self.rows and self.ids:
+            self.rows = {entry: i for i, entry in enumerate(self.ids)}
+        return self.rows.get(entry_id)
 
 
 @dataclass(frozen=True)
@@ -1062,6 +1068,11 @@ class SemanticResponseCache(RedisCacheBase):
         return hashlib.sha256(canonical_json(sig)).hexdigest()[:32]
 
     @staticmethod
+    def entry_id(sig: str, prompt: str) -> str:
+        """A prompt's own entry under a signature: a store of the same prompt writes over it."""
+        return hashlib.sha256(canonical_json([sig, prompt])).hexdigest()[:24]
+
+    @staticmethod
     def _checksum(entry_id: str, tenant: str, prompt: str, answer: ExactAnswer, sig: str, emb: bytes) -> str:
         head = canonical_json([entry_id, tenant, prompt, answer.document(), sig])
         return sha256_hex(head, emb)
@@ -1092,7 +1103,7 @@ class SemanticResponseCache(RedisCacheBase):
             return False
         emb = vec.astype("<f4").tobytes()
         sig = self.signature(params, variant)
-        entry_id = hashlib.sha256(canonical_json([sig, prompt])).hexdigest()[:24]
+        entry_id = self.entry_id(sig, prompt)
         written = round(time.time(), 3)
         doc = {
             "v": FORMAT_VERSION,
@@ -1239,6 +1250,13 @@ class SemanticResponseCache(RedisCacheBase):
         masked = np.where(eligible, scores, -np.inf)
         top2 = np.argsort(-masked)[:2]
         order = [int(i) for i in np.argsort(-masked) if masked[i] >= limit]
+        own = tm.row_of(self.entry_id(sig, prompt))
+        if own is not None and own in order:
+            # the prompt's own answer first: prompts that normalise alike embed alike, so its equals tie with
+            # it at the top, in an order that differs between processes, and the best match decides the
+            # budget (an equal that stopped short would be a miss where the prompt's own answer serves)
+            order.remove(own)
+            order.insert(0, own)
         query = _Query(prompt, normalized)
 
         def gen():

@@ -491,3 +491,52 @@ def test_one_tenants_damaged_index_does_not_open_the_breaker_for_the_others(redi
         assert cache.snapshot()["bad_indexes"] == 1 and cache.snapshot()["errors"] == 0
     finally:
         cache.close()
+
+
+KEEP_RULE_CASES = [
+    ExactAnswer(()),
+    ExactAnswer((), final=True),
+    ExactAnswer((1,)),
+    ExactAnswer((1,), final=True),
+    ExactAnswer((1, 2, 3)),
+    ExactAnswer((1, 2, 3), final=True),
+    ExactAnswer((1, 2, 3), trim=1, final=True, sent=2),
+]
+
+
+def case_name(answer: ExactAnswer) -> str:
+    cut = "-cut" if answer.sent != len(answer.ids) else ""
+    return f"{len(answer.ids)}{'-final' if answer.final else ''}{cut}"
+
+
+@pytest.mark.parametrize("stored", KEEP_RULE_CASES, ids=case_name)
+@pytest.mark.parametrize("new", KEEP_RULE_CASES, ids=case_name)
+def test_the_write_script_keeps_by_the_rule_of_serves_more_than(cache, stored, new):
+    """The Lua twin of `ExactAnswer.serves_more_than` decides as it does, empty answers included (cjson
+    reads [] as an empty table)."""
+    params = EngineRequestParams(max_tokens=4)
+    key = cache.key(PROMPT, params)
+    assert cache.put(PROMPT, params, stored)
+    assert cache.put(PROMPT, params, new) is not stored.serves_more_than(new)
+    assert cache.decode_value(key, cache.client.get(key)) == (stored if stored.serves_more_than(new) else new)
+
+
+def test_a_kept_entry_is_renewed_in_the_quota_index_and_the_next_trim_takes_another(redis_server):
+    fp = f"fp-{uuid.uuid4().hex[:8]}"
+    cache = ExactResponseCache(redis_server, fp, timeout_s=0.5, tenant_max_entries=2)
+    params = EngineRequestParams(max_tokens=4, tenant="t1")
+    kept, other, newest = [1], [2], [3]
+    try:
+        assert cache.put(kept, params, ExactAnswer((1, 2, 3), final=True))
+        assert cache.put(other, params, ExactAnswer((1,), final=True))
+        cache.client.expire(cache.key(kept, params), 5)
+        assert not cache.put(kept, params, ExactAnswer((1,)))
+        assert cache.client.ttl(cache.key(kept, params)) > 100
+        assert cache.put(newest, params, ExactAnswer((1,), final=True))  # trims the least recently written
+        larger = dataclasses.replace(params, max_tokens=64)
+        assert cache.get(kept, larger) == ExactAnswer((1, 2, 3), final=True)
+        assert cache.client.get(cache.key(other, params)) is None
+        stats = cache.snapshot()
+        assert (stats["kept"], stats["stores"], stats["quota_evictions"]) == (1, 3, 1)
+    finally:
+        cache.close()
