@@ -34,7 +34,7 @@ stop:
 	@if [ -x $(PY) ]; then $(PY) -m deploy.stop --run-dir $(RUN_DIR); else echo "no .venv: nothing to stop"; fi
 
 test: setup model
-	$(ENV) $(PY) -m pytest -q tests
+	$(ENV) $(PY) -m pytest -q --durations=30 tests
 
 lint: setup
 	$(PY) -m ruff check .
