@@ -205,7 +205,7 @@ def decode_block(
         raise IncompatibleValue(f"byte order {header.get('byteorder')!r}, this machine is {sys.byteorder}")
     diffs = [
         f"{field} {getattr(meta, field)!r} != expected {getattr(expected, field)!r}"
-        for field in ("model_fingerprint", "dtype", "shape", "layout")
+        for field in ("model_fingerprint", "dtype", "shape", "token_count", "layout")
         if getattr(meta, field) != getattr(expected, field)
     ]
     if diffs:

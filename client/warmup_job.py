@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -109,6 +110,8 @@ def _parse_line(text: str, tenant_field: str) -> LogRecord | str:
         return f"not valid JSON: {exc.msg} (column {exc.colno})"
     except RecursionError:
         return "not valid JSON: nested too deep"
+    except ValueError as exc:  # an integer past int's digit limit (a corrupted "ts") is not a JSONDecodeError
+        return f"not valid JSON: {exc}"[:120]
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}"
     prompt = obj.get("prompt")
@@ -125,17 +128,23 @@ def _parse_line(text: str, tenant_field: str) -> LogRecord | str:
     return LogRecord(prompt, tenant, None if ts is None else str(ts))
 
 
-def parse_query_log(lines: Iterable[str], tenant_field: str = "tenant") -> QueryLog:
+def parse_query_log(lines: Iterable[str | bytes], tenant_field: str = "tenant") -> QueryLog:
     """JSONL lines ({"prompt", tenant_field, "ts"}) -> counted prompts; blank lines are ignored, a line
     that is not a usable record is counted with its reason, never fatal: one bad write must not cancel
-    warmup."""
+    warmup. Lines given as bytes must be UTF-8: a prompt a logger cut inside a character is no prompt any
+    client sends, so it is skipped rather than warmed with a replacement character."""
     counts = PromptCounter()
     malformed: list[MalformedLine] = []
     total = 0
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
+    for line_no, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
         total += 1
+        try:
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as exc:
+            malformed.append(MalformedLine(line_no, f"not valid UTF-8 (byte {exc.start})"))
+            continue
         parsed = _parse_line(line, tenant_field)
         if isinstance(parsed, LogRecord):
             counts.add(parsed)
@@ -145,7 +154,7 @@ def parse_query_log(lines: Iterable[str], tenant_field: str = "tenant") -> Query
 
 
 def read_query_log(path: Path, tenant_field: str = "tenant") -> QueryLog:
-    with path.open(encoding="utf-8", errors="replace") as fh:
+    with path.open("rb") as fh:
         return parse_query_log(fh, tenant_field)
 
 
@@ -186,6 +195,9 @@ def parse_templates(data: object, source: str = "templates") -> list[SloTemplate
     return out
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load, but a key given twice in one mapping is an error: YAML keeps the last, so a second
     `scenarios:` list would silently drop the first one's templates."""
@@ -193,7 +205,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[object] = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:  # `<<: *anchor`: its keys may be overridden, as in safe_load
+                continue
             key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found unhashable key {key!r:.40}", key_node.start_mark
+                ) from None
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -203,7 +223,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_templates(path: Path) -> list[SloTemplate]:
-    return parse_templates(yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader), str(path))
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deep") from None
+    return parse_templates(data, str(path))
 
 
 # ----------------------------------------------------------------------------------------------- selection
@@ -298,6 +322,9 @@ def count_prompts(records: Iterable[LogRecord]) -> list[PromptStats]:
     return counter.stats()
 
 
+SILHOUETTE_SAMPLE = 3000  # points a k is scored on: silhouette is quadratic in them
+
+
 def choose_k(embeddings: np.ndarray, max_k: int, seed: int) -> int:
     """k with the best silhouette among 2..max_k: topics in a query log are few and well separated in
     MiniLM space, and silhouette needs no guess of their number. Fewer than 4 points: one cluster."""
@@ -307,11 +334,12 @@ def choose_k(embeddings: np.ndarray, max_k: int, seed: int) -> int:
     if n < 4:
         return 1
     best_k, best_score = 1, -1.0
+    sample = np.random.RandomState(seed).permutation(n)[:SILHOUETTE_SAMPLE]  # sklearn's own sample_size draw
     for k in range(2, min(max_k, n - 1) + 1):
-        labels = _kmeans(embeddings, k, seed)
-        if len(set(labels.tolist())) < 2:
+        labels = _kmeans(embeddings, k, seed)[sample]
+        if len(set(labels.tolist())) < 2:  # the sample missed every cluster but one (an outlier alone, say)
             continue
-        score = float(silhouette_score(embeddings, labels, sample_size=min(n, 3000), random_state=seed))
+        score = float(silhouette_score(embeddings[sample], labels))
         if score > best_score + 1e-9:
             best_k, best_score = k, score
     return best_k
@@ -445,7 +473,8 @@ def select_from_counts(
     texts = list(dict.fromkeys(s.key for s in stats))  # distinct prompt texts, any tenant's
     embedded = texts[: config.max_embedded]
     clusters = cluster_prompts(embedded, embed, config, progress)
-    n_top = math.ceil(len(stats) * config.top_percent / 100.0) if config.top_percent > 0 else 0
+    # exact: 2.2% of 1,500 is 33, and the float product 33.000000000000004 would round up to 34
+    n_top = math.ceil(Fraction(str(config.top_percent)) * len(stats) / 100) if config.top_percent > 0 else 0
     top = [WarmupItem(s.text, s.tenant, REASON_TOP, s.frequency, clusters.get(s.key)) for s in stats[:n_top]]
     per_cluster: dict[int, list[PromptStats]] = {}
     for s in stats:  # already most frequent first

@@ -7,6 +7,7 @@ import dataclasses
 
 import hashlib
 import io
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -433,3 +434,103 @@ def test_edge_cases_are_selected_unless_turned_off(flag: list[str], expected: bo
     args = build_parser().parse_args(["warmup", "--log", "q.jsonl", *flag])
     assert job_options(args).selection.edge_cases is expected
     assert wj.SelectionConfig().edge_cases
+
+
+# Found in review (2026-12-07): inputs that stopped the job with a traceback, or were read wrong
+def _dry_options(log: Path, templates: Path | None = None) -> wj.JobOptions:
+    return wj.JobOptions(
+        log=log, templates=templates, dry_run=True,
+        selection=wj.SelectionConfig(clusters=1, edge_cases=False),
+        send=wj.SendConfig(url="localhost:1", progress=False),
+    )  # fmt: skip
+
+
+def test_a_line_with_a_huge_integer_is_skipped_not_fatal(tmp_path: Path, monkeypatch) -> None:
+    """One line with an integer of more than 4300 digits (a corrupted ts) makes json.loads raise a plain
+    ValueError, not JSONDecodeError: it escapes _parse_line and stops the whole job (exit 2)."""
+    monkeypatch.setattr(wj, "StreamingSession", _NoSession)
+    good = json.dumps({"prompt": "Refund for order 1?", "tenant": "acme"})
+    bad = '{"prompt": "Refund for order 2?", "tenant": "acme", "ts": ' + "1" * 5000 + "}"
+    log = wj.parse_query_log([good, bad])
+    assert log.records == 1 and [m.line_no for m in log.malformed] == [2]
+    path = tmp_path / "q.jsonl"
+    path.write_text(good + "\n" + bad + "\n", encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    assert wj.run_job(_dry_options(path), out, err, embed=topic_embed) == 0, err.getvalue()
+
+
+def test_non_utf8_bytes_in_a_prompt_are_skipped_and_counted(tmp_path: Path) -> None:
+    """A prompt cut inside a multi-byte character by a logger (bytes, not UTF-8) is skipped like the
+    lone-surrogate case, not warmed as a replacement-character prompt no client sends."""
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(
+        b'{"prompt": "Refund for order 1?", "tenant": "acme"}\n'
+        b'{"prompt": "O\xc3 est ma commande \xe2\x82", "tenant": "acme"}\n'
+    )
+    log = wj.read_query_log(path)
+    assert [s.text for s in log.stats] == ["Refund for order 1?"]
+    assert [m.line_no for m in log.malformed] == [2]
+
+
+def test_auto_k_survives_a_singleton_cluster_in_a_big_log() -> None:
+    """More than 3000 distinct prompts and one outlier: KMeans(k=2) puts the outlier alone, the silhouette's
+    3000-point sample misses it, and silhouette_score raises ValueError out of the selection."""
+    n = 4000
+    sampled = set(np.random.RandomState(0).permutation(n)[:3000].tolist())
+    outlier = min(set(range(n)) - sampled)
+
+    def embed(texts: list[str]) -> np.ndarray:
+        rows = []
+        for text in texts:
+            i = int(text.split()[-1].rstrip("?"))
+            rows.append([0.0, 1.0, 0.0, 0.0] if i == outlier else
+                        [1.0, 0.0, 0.0, 0.0] + np.random.RandomState(i).rand(4) * 1e-3)  # fmt: skip
+        return np.asarray(rows, dtype=np.float32)
+
+    stats = [wj.PromptStats("acme", f"Question number {i}?", f"Question number {i}?", 10_000 - i, i)
+             for i in range(n)]  # fmt: skip
+    selection = wj.select_from_counts(stats, [], embed=embed, config=wj.SelectionConfig(edge_cases=False))
+    assert selection.items
+
+
+def test_top_percent_rounds_up_exactly() -> None:
+    """Documented: top --top-percent of distinct prompts, rounded up. 2.2% of 1500 is exactly 33, but the
+    float product 1500 * 2.2 / 100 is 33.000000000000004 and ceil gives 34."""
+    stats = [wj.PromptStats("acme", f"q {i}", f"q {i}", 5000 - i, i) for i in range(1500)]
+    config = wj.SelectionConfig(top_percent=2.2, per_cluster=0, clusters=1, edge_cases=False, max_items=None)
+    selection = wj.select_from_counts(stats, [], embed=lambda t: np.ones((len(t), 2)), config=config)
+    assert len(selection.items) == 33
+
+
+def test_a_templates_file_with_a_complex_key_is_a_clear_error(tmp_path: Path) -> None:
+    """safe_load reports an unhashable key as a YAMLError; _UniqueKeyLoader checks `key in seen` first and
+    raises TypeError, which run_job does not catch: a traceback instead of exit 2."""
+    bad = tmp_path / "t.yaml"
+    bad.write_text("scenarios:\n  - ? [a, b]\n    : x\n    scenario: s\n    prompt: p\n")
+    out, err = io.StringIO(), io.StringIO()
+    log = tmp_path / "q.jsonl"
+    log.write_text('{"prompt": "hi", "tenant": "acme"}\n')
+    assert wj.run_job(_dry_options(log, bad), out, err, embed=topic_embed) == 2
+    assert "error:" in err.getvalue()
+
+
+def test_a_deeply_nested_templates_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "t.yaml"
+    bad.write_text("scenarios: " + "[" * 2000 + "]" * 2000 + "\n")
+    log = tmp_path / "q.jsonl"
+    log.write_text('{"prompt": "hi", "tenant": "acme"}\n')
+    out, err = io.StringIO(), io.StringIO()
+    assert wj.run_job(_dry_options(log, bad), out, err, embed=topic_embed) == 2
+    assert "error:" in err.getvalue()
+
+
+def test_yaml_merge_keys_work_as_in_safe_load(tmp_path: Path) -> None:
+    """The loader is documented as safe_load plus a duplicate-key check; a merge key (<<: *anchor), valid
+    YAML that safe_load reads, is refused with 'could not determine a constructor for ...merge'."""
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "common: &acme {tenant: acme}\n"
+        "scenarios:\n"
+        "  - <<: *acme\n    scenario: checkout\n    prompt: You are the checkout assistant.\n"
+    )
+    assert wj.load_templates(path) == [wj.SloTemplate("checkout", "acme", "You are the checkout assistant.")]
