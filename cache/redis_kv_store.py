@@ -29,7 +29,7 @@ from cache.redis_full import FullGate
 from cache.key_directory import INDEX_DROPPED, KeyDirectory, Written, renew_listed, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 from cache.response_cache import redis_ttl, tenant_tag
-from cache.wrong_type import DROP_OTHER_TYPE
+from cache.wrong_type import DELETE_IF_UNCHANGED, DROP_OTHER_TYPE
 
 T = TypeVar("T")
 DEFAULT_TTL_S = 24 * 3600
@@ -38,10 +38,6 @@ DEFAULT_TTL_S = 24 * 3600
 # wrote) is still read by forget-tenant
 TENANT_INDEX_PREFIX = "llm:kv-tenants:v2"
 LEGACY_TENANT_INDEX_PREFIX = "llm:kv-tenants:v1"
-# Delete a bad value only if it is still the one we read: a replica may have rewritten it meanwhile.
-_DELETE_IF_UNCHANGED = (
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-)
 # One command for a whole chain's probe: a pipeline of one EXISTS per block cost 476 us of Python at
 # 128 blocks (83 at 16), on a thread that shares the GIL with the engine; this costs 115 (41).
 _EXISTS_EACH = (
@@ -131,7 +127,7 @@ class RedisKVStore:
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
         )
-        self._delete_if_unchanged = self.client.register_script(_DELETE_IF_UNCHANGED)
+        self._delete_if_unchanged = self.client.register_script(DELETE_IF_UNCHANGED)
         self._exists_each = self.client.register_script(_EXISTS_EACH)
         self._drop_other_type = self.client.register_script(DROP_OTHER_TYPE)
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)

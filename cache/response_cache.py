@@ -41,7 +41,7 @@ from typing import Any
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
-from cache.wrong_type import is_wrong_type
+from cache.wrong_type import DELETE_IF_UNCHANGED, DROP_OTHER_TYPE, is_wrong_type
 from cache.key_directory import INDEX_DROPPED, KeyDirectory, Setter, renew_listed, write_announced
 from scheduler.messages import EngineRequestParams
 
@@ -376,6 +376,8 @@ class ExactResponseCache(RedisCacheBase):
         self.ttl_s = redis_ttl(ttl_s)
         self.max_value_bytes = max_value_bytes
         self.tenant_max_entries = int(tenant_max_entries)
+        self._delete_if_unchanged = self.client.register_script(DELETE_IF_UNCHANGED)
+        self._drop_other_type = self.client.register_script(DROP_OTHER_TYPE)
 
     # -- keys and values -------------------------------------------------------------------------
 
@@ -437,18 +439,19 @@ class ExactResponseCache(RedisCacheBase):
             self._count("misses")
             self._count("local_misses")
             return None
+        adds = None if self.directory is None else self.directory.adds
         raw = self._read(key)
         if raw is _UNREAD:
             return None
         if raw is _WRONG_TYPE:  # another type under our key: a bad value
-            return self._reject(key)
-        if raw is None:
-            self._forget(key)
+            return self._reject(key, raw)
+        if raw is None:  # unless another replica's write of it was announced since the GET
+            self._forget(key, unless_added_since=adds)
             self._count("misses")
             return None
         stored = self.decode_value(key, raw)
         if stored is None:
-            return self._reject(key)
+            return self._reject(key, raw)
         answer = stored.within(params.max_tokens)
         if answer is None:
             self._count("misses")
@@ -461,12 +464,22 @@ class ExactResponseCache(RedisCacheBase):
         """A hit `get(count_hit=False)` returned, counted once its key was found to be the prompt's."""
         self._count("hits")
 
-    def _reject(self, key: str) -> None:
-        """A value that is not one we wrote for `key`: a miss, counted as corrupt, and deleted."""
-        self._forget(key)
+    def _reject(self, key: str, raw: bytes | object) -> None:
+        """A value that is not one we wrote for `key` (`raw`, or `_WRONG_TYPE`): a miss, counted as
+        corrupt, and deleted while it is still what was read: another replica may have written the
+        answer over it since the GET."""
         self._count("corrupt")
         self._count("misses")
-        self._delete_quietly(key)
+        script, args = (
+            (self._drop_other_type, ["string"]) if raw is _WRONG_TYPE else (self._delete_if_unchanged, [raw])
+        )
+        try:
+            deleted = script(keys=[key], args=args) == 1
+        except self._redis_errors:
+            self._fail()
+            return
+        if deleted:
+            self._forget(key)
 
     def put(
         self,
@@ -561,12 +574,6 @@ class ExactResponseCache(RedisCacheBase):
             self.directory.close()
         super().close()
 
-    def _forget(self, key: str) -> None:
+    def _forget(self, key: str, unless_added_since: int | None = None) -> None:
         if self.directory is not None:
-            self.directory.discard(key)
-
-    def _delete_quietly(self, key: str) -> None:
-        try:
-            self.client.delete(key)
-        except self._redis_errors:
-            self._fail()
+            self.directory.discard(key, unless_added_since)

@@ -161,20 +161,21 @@ return {evicted, kept and 1 or 0}
 # a replica holding the entries it read at stamp N must never see N again for other entries.
 
 _DELETE_SCRIPT = """
+local read = redis.call('GET', KEYS[4])
+if (read or '') ~= ARGV[1] then return false end
 for i = 2, #ARGV do
   redis.call('HDEL', KEYS[1], ARGV[i])
   redis.call('HDEL', KEYS[2], ARGV[i])
   redis.call('ZREM', KEYS[3], ARGV[i])
 end
-local read = redis.call('GET', KEYS[4])
 if not read then return false end
-local stamp = redis.call('INCR', KEYS[4])
-if read == ARGV[1] then return stamp end
-return false
+return redis.call('INCR', KEYS[4])
 """
-# ARGV[1]: the stamp the entries were read at. The new stamp is returned only when nothing else moved it
-# since: then the entries less the deleted ones are what Redis holds. Otherwise (another write, or an
-# erasure, after which no stamp is created) nil: the caller re-reads next time.
+# ARGV[1]: the stamp the entries were read at ('' for none). The entries are deleted only when nothing
+# moved it since: another replica may have stored a good entry under a bad one's id meanwhile, which must
+# stay. Then the new stamp is returned: the entries less the deleted ones are what Redis holds. Otherwise
+# (another write, or an erasure, after which no stamp is created) nil: the caller re-reads next time and
+# finds what is still bad.
 
 
 class Embedder(Protocol):
@@ -1219,7 +1220,7 @@ class SemanticResponseCache(RedisCacheBase):
             return None
 
     def _ranked(self, prompt, tenant, params, embedding, threshold, low_threshold, variant=""):
-        if not is_deterministic(params):
+        if not is_deterministic(params) or not utf8_encodable(prompt):  # as `store` turns them away
             self._count("uncacheable")
             return None
         normalized = self._guard_embedder(lambda: self._within_window(prompt))

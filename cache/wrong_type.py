@@ -27,3 +27,13 @@ local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= ARGV[1] and kind ~= 'none' then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+# Delete KEYS[1] only while it still holds ARGV[1], the bad value a reader found: another replica may have
+# written a good one over it since, which must stay. Returns 1 when it deleted, else 0.
+DELETE_IF_UNCHANGED = """
+if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
