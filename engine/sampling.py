@@ -42,6 +42,9 @@ class Sampler:
             ordered, order = torch.sort(scores, descending=True)
             cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
             drop = cumulative - torch.softmax(ordered, dim=-1) >= self.top_p
+            drop[0] = (
+                False  # the most likely token always stays: a top_p float32 rounds to 0 dropped them all
+            )
             scores = scores.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))

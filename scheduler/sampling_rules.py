@@ -28,11 +28,17 @@ STOP_RULE = (
 
 
 def _show(value: object) -> str:
-    """The value as the client wrote it (JSON), so `true` and `"5"` read as sent."""
+    """The value as the client wrote it (JSON), so `true` and `"5"` read as sent; escaped where UTF-8
+    cannot carry it (a lone surrogate), since the message goes back to the client as UTF-8."""
     try:
-        return json.dumps(value, ensure_ascii=False)
+        text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
-        return repr(value)
+        text = repr(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _int_in(name: str, value: Any, low: int, high: int | None) -> int:

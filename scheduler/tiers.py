@@ -23,8 +23,14 @@ DEFAULT_CPU_SCALE = 10.0
 _TIER_KEYS = ("priority", "ttft_target_ms", "percentile", "sheddable", "max_queue_ms", "restricted")
 
 
-def _positive_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+MAX_TIME_MS = 1e9  # ~11.6 days: a longer target is none (a scaled one is cut to it); its ns fit int64
+MAX_CPU_SCALE = 1000.0
+MAX_PRIORITY = 2**31 - 1  # the scheduler step's priority output is int32
+
+
+def _positive_number(value: object, high: float) -> bool:
+    """In (0, high]: infinity (YAML's `.inf`) and NaN are refused at load, not by int() per request."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= high
 
 
 @dataclass(frozen=True)
@@ -44,16 +50,27 @@ class Tier:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("tier name must be non-empty")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int) or self.priority < 1:
-            raise ValueError(f"tier {self.name!r}: priority must be an int >= 1, got {self.priority!r}")
-        if not _positive_number(self.ttft_target_ms):
-            raise ValueError(f"tier {self.name!r}: ttft_target_ms must be > 0, got {self.ttft_target_ms!r}")
-        if not _positive_number(self.percentile) or self.percentile > 100:
+        if (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not 1 <= self.priority <= MAX_PRIORITY
+        ):
+            raise ValueError(
+                f"tier {self.name!r}: priority must be an int in 1..{MAX_PRIORITY}, got {self.priority!r}"
+            )
+        if not _positive_number(self.ttft_target_ms, MAX_TIME_MS):
+            target = self.ttft_target_ms
+            raise ValueError(
+                f"tier {self.name!r}: ttft_target_ms must be in (0, {MAX_TIME_MS:g}], got {target!r}"
+            )
+        if not _positive_number(self.percentile, 100):
             raise ValueError(f"tier {self.name!r}: percentile must be in (0, 100], got {self.percentile!r}")
         if not isinstance(self.sheddable, bool):
             raise TypeError(f"tier {self.name!r}: sheddable must be a bool, got {self.sheddable!r}")
-        if not _positive_number(self.max_queue_ms):
-            raise ValueError(f"tier {self.name!r}: max_queue_ms must be > 0, got {self.max_queue_ms!r}")
+        if not _positive_number(self.max_queue_ms, MAX_TIME_MS):
+            raise ValueError(
+                f"tier {self.name!r}: max_queue_ms must be in (0, {MAX_TIME_MS:g}], got {self.max_queue_ms!r}"
+            )
         if self.restricted is not None and not isinstance(self.restricted, bool):
             raise TypeError(f"tier {self.name!r}: restricted must be a bool, got {self.restricted!r}")
 
@@ -66,9 +83,12 @@ class Tier:
         return int(self.max_queue_ms * 1_000_000)
 
     def scaled(self, factor: float) -> Tier:
-        """The same tier with time targets multiplied (GPU-scale targets are unreachable on CPU)."""
+        """The same tier with time targets multiplied (GPU-scale targets are unreachable on CPU), at most
+        MAX_TIME_MS each."""
         return dataclasses.replace(
-            self, ttft_target_ms=self.ttft_target_ms * factor, max_queue_ms=self.max_queue_ms * factor
+            self,
+            ttft_target_ms=min(self.ttft_target_ms * factor, MAX_TIME_MS),
+            max_queue_ms=min(self.max_queue_ms * factor, MAX_TIME_MS),
         )
 
 
@@ -101,8 +121,8 @@ class TierTable:
             raise ValueError(
                 f"default tier {self.default_name!r} is not defined; defined: {', '.join(names)}"
             )
-        if not _positive_number(self.cpu_scale):
-            raise ValueError(f"cpu_scale must be > 0, got {self.cpu_scale!r}")
+        if not _positive_number(self.cpu_scale, MAX_CPU_SCALE):
+            raise ValueError(f"cpu_scale must be in (0, {MAX_CPU_SCALE:g}], got {self.cpu_scale!r}")
         if self.get(self.default_name).restricted:
             raise ValueError(
                 f"default tier {self.default_name!r} is restricted: requests that name no tier, the "

@@ -10,8 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
+from engine.sampling import Sampler
 from engine.requests import check_params
 from scheduler.errors import RequestError
 from scheduler.messages import EngineRequestParams
@@ -106,3 +108,33 @@ def test_the_engine_reads_max_new_tokens_as_the_scheduler_step_does(monkeypatch,
     monkeypatch.setenv("LLM_MAX_NEW_TOKENS", "0")
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         EngineConfig.from_parameters(params)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"temperature": "\\ud800"}',
+        '{"max_tokens": "\\ud800"}',
+        '{"top_p": ["\\udfff"]}',
+        '{"ignore_eos": "\\ud800"}',
+        '{"stop": ["' + "\\ud800" * 65 + '"]}',
+    ],
+)
+def test_the_error_for_a_lone_surrogate_value_can_be_sent_as_utf8(raw: str) -> None:
+    """Triton sends the message back as UTF-8: a lone surrogate in the value shown must come escaped."""
+    with pytest.raises(RequestError) as info:
+        parse_sampling_parameters(raw, LIMITS)
+    assert info.value.code == "INVALID_ARG"
+    assert "\\ud8" in info.value.message or "\\udf" in info.value.message
+    info.value.message.encode("utf-8")
+
+
+def test_a_tiny_top_p_keeps_the_most_likely_token() -> None:
+    """top_p 1e-50 is in (0, 1]; as float32 it is 0, which once dropped every token (NaN probabilities,
+    torch.multinomial raising: the request failed as INTERNAL at its first token)."""
+    params = parse_sampling_parameters('{"temperature": 0.7, "top_p": 1e-50, "seed": 1}', LIMITS)
+    sampler = Sampler(
+        params["temperature"], params["top_p"], params["top_k"], params["seed"], torch.device("cpu")
+    )
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    assert [sampler.pick(logits) for _ in range(5)] == [int(torch.argmax(logits))] * 5

@@ -69,8 +69,20 @@ def test_load_custom_yaml(tmp_path: Path) -> None:
     ("text", "needle"),
     [
         ("tiers: {a: {priority: 1, ttft_target_ms: 1, colour: red}}", "unknown keys ['colour']"),
-        ("tiers: {a: {priority: 0, ttft_target_ms: 1}}", "priority must be an int >= 1"),
-        ("tiers: {a: {priority: 1, ttft_target_ms: -5}}", "ttft_target_ms must be > 0"),
+        ("tiers: {a: {priority: 0, ttft_target_ms: 1}}", "priority must be an int in 1..2147483647"),
+        ("tiers: {a: {priority: 2147483648, ttft_target_ms: 1}}", "priority must be an int in 1..2147483647"),
+        ("tiers: {a: {priority: 1, ttft_target_ms: -5}}", "ttft_target_ms must be in (0, 1e+09]"),
+        # infinity and NaN are refused at load: int() of them would fail every request of the tier
+        ("tiers: {a: {priority: 1, ttft_target_ms: .inf}}", "ttft_target_ms must be in (0, 1e+09]"),
+        ("tiers: {a: {priority: 1, ttft_target_ms: .nan}}", "ttft_target_ms must be in (0, 1e+09]"),
+        (
+            "tiers: {a: {priority: 1, ttft_target_ms: 1, max_queue_ms: .inf}}",
+            "max_queue_ms must be in (0, 1e+09]",
+        ),
+        (
+            "default_tier: a\ncpu_scale: .inf\ntiers: {a: {priority: 1, ttft_target_ms: 1}}",
+            "cpu_scale must be in (0, 1000]",
+        ),
         ("tiers: {a: {priority: 1}}", "'priority' and 'ttft_target_ms' are required"),
         ("default_tier: b\ntiers: {a: {priority: 1, ttft_target_ms: 1}}", "default tier 'b' is not defined"),
         ("tierz: {}", "unknown tier config keys"),
@@ -83,6 +95,12 @@ def test_bad_yaml_is_explained(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(ValueError, match="tiers.yaml") as info:
         TierTable.load(path)
     assert needle in str(info.value)
+
+
+def test_a_longest_target_scaled_for_the_cpu_stays_a_valid_tier() -> None:
+    tier = Tier("slow", 3, ttft_target_ms=1e9, max_queue_ms=1e9)
+    scaled = TierTable((tier,), "slow", cpu_scale=1000.0).for_device("cpu").get("slow")
+    assert scaled.ttft_target_ms == 1e9 and scaled.max_queue_ns == 10**15
 
 
 def test_replace_tier_returns_new_table() -> None:
