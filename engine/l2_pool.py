@@ -22,7 +22,7 @@ import heapq
 import itertools
 import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -94,7 +94,12 @@ class HostBlockPool:
         stored, row_of_slot = 0, {}  # a run longer than the pool reuses slots: the later block wins
         new_path = not pin and self.k > 1
         entered: dict[bytes, int] = {}  # new keys and the slot each was given last
-        for position, key in enumerate(keys):
+        order: Iterable[int] = range(len(keys))
+        if oldest_first:  # slots handed out tail first: with little room the head evicts the tail, not back
+            age = {key: i for i, key in enumerate(oldest_first)}
+            order = sorted(order, key=lambda position: age.get(keys[position], len(age)))
+        for position in order:
+            key = keys[position]
             if new_path and key not in self.index:
                 index = self._slot_for_new(key, keep)
                 if index is not None:
@@ -113,12 +118,20 @@ class HostBlockPool:
                 young[key] = (next(self._tick),)
                 young.move_to_end(key)
         slots, sources = list(row_of_slot), list(row_of_slot.values())
-        if blocks.is_cuda:
-            copy_rows(self.pool, slots, blocks, sources, max_runs=math.inf, non_blocking=True)
-            self.note_device_use(blocks.device)
-        else:
-            self.settle()
-            copy_rows(self.pool, slots, blocks, sources)
+        try:
+            if blocks.is_cuda:
+                copy_rows(self.pool, slots, blocks, sources, max_runs=math.inf, non_blocking=True)
+                self.note_device_use(blocks.device)
+            else:
+                self.settle()
+                copy_rows(self.pool, slots, blocks, sources)
+        except BaseException:
+            # the slots may still hold the blocks they held before (another tenant's): no key may name them
+            written = set(slots)
+            for key in dict.fromkeys(keys):
+                if self.index.get(key) in written:
+                    self.free.append(self._drop(key))
+            raise
         return stored
 
     def _in_row_order(self, entered: dict[bytes, int], row_of_slot: dict[int, int]) -> None:
@@ -283,8 +296,13 @@ class HostBlockPool:
         if key is None:
             return None
         self.evictions += 1
+        return self._drop(key)
+
+    def _drop(self, key: bytes) -> int:
+        """Forget `key` everywhere; returns its slot (the caller reuses or frees it)."""
         if key in self.history:
             del self.history[key], self.ranks[key]
         else:
             self._leave_young(key)
+        self.pinned.discard(key)
         return self.index.pop(key)

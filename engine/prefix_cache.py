@@ -360,7 +360,7 @@ class PrefixCache:
             promoted = self._promote([key for key, _ in todo], [block for _, block in todo])
         finally:
             self._protected = set()
-        self._warm(promoted, promoted)
+        self._warm([key for key in keys if key in self.index], keys)  # a head L1 held already included
         for key in reversed(keys):  # as in lookup: the head ends most recent
             if key in self.index:
                 self.index.move_to_end(key)
@@ -369,8 +369,10 @@ class PrefixCache:
 
     def _warm(self, held: list[bytes], keys: list[bytes]) -> None:
         """A warmed template's blocks: those L1 `held` are pinned there, as many as its pin room takes;
-        all its `keys` are pinned in L2 when demoted (`_demote`)."""
-        self.pinned.update(held[: pin_room(self.capacity, self.pinned)])
+        all its `keys` are pinned in L2 when demoted (`_demote`). `held` is head first: the room goes to
+        the blocks not pinned yet, so a template extending a pinned one pins its own blocks."""
+        new = [key for key in held if key not in self.pinned]
+        self.pinned.update(new[: pin_room(self.capacity, self.pinned)])
         self.warmed.update(keys)
 
     def _from_l2(self, rest: list[bytes]) -> list[bytes]:
