@@ -382,6 +382,7 @@ class KeyDirectory:
                     f"key directory {self.namespace}: scan listener failed: {type(exc).__name__}: {exc}"
                 )
         self._keys = fresh
+        self._adds += 1  # a miss seen before the scan must not discard a key the scan found (`discard`)
         self._synced = True
         self._count("scans")
 

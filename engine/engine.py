@@ -136,6 +136,9 @@ class Engine:
         self._cache_stats_lock = threading.Lock()
         self._active: dict[int, _Active] = {}
         self._free = list(range(runner.slots))
+        # a request taken off the queue and not yet running or ended (the engine thread's KV work is done
+        # outside the lock): a drain and the load gauge count it, or a stop would fail it mid-admission
+        self._admitting = 0
         self._lock = threading.Condition()
         self._accepting = True
         self._stopping = False
@@ -315,7 +318,7 @@ class Engine:
         Triton's queue if the lookups ran on the submitting thread, so that a drain sees them."""
         pending = self.lookups.pending if self.lookups is not None else 0
         with self._lock:
-            return len(self._queue) + pending, len(self._active)
+            return len(self._queue) + pending + self._admitting, len(self._active)
 
     def _publish_load(self) -> int:
         """Report the load to the observer; returns the requests running."""
@@ -335,7 +338,7 @@ class Engine:
         if self.lookups is not None:
             self.lookups.shutdown()
         with self._lock:
-            while (self._queue or self._active) and time.monotonic() < deadline:
+            while (self._queue or self._active or self._admitting) and time.monotonic() < deadline:
                 self._lock.wait(timeout=0.05)
             self._stopping = True
             self._lock.notify()
@@ -540,7 +543,8 @@ class Engine:
                     break
                 head = self._queue.peek(now)
                 need = self._reserved_len(head)
-                if head.sink.cancelled():  # gone: it must not take a slot, let alone preempt for one
+                # asked once: a throttled check (TritonSink's) may say False the next time it is asked
+                if gone := head.sink.cancelled():  # it must not take a slot, let alone preempt for one
                     request = self._queue.pop(now)
                 elif (slot := self._fitting_slot(need)) is not None:
                     request = self._queue.pop(now)
@@ -553,19 +557,23 @@ class Engine:
                 else:
                     break
                 request.scheduling_ns += time.perf_counter_ns() - began  # the decision, not the KV work
-            if request.sink.cancelled():
-                self._cancel_queued(request)
-                continue
-            self._free.remove(slot)
-            suspended = self._suspended.pop(request.request_id, None)
+                self._admitting = 1
             try:
-                if suspended is not None:
-                    self._resume(suspended, slot)
-                else:
-                    self._start(request, slot)
-            except Exception as exc:  # this request's own fault (its parameters): the others run on
-                self._fail_start(request, slot, exc)
-            admitted = True
+                if gone or request.sink.cancelled():
+                    self._cancel_queued(request)
+                    continue
+                self._free.remove(slot)
+                suspended = self._suspended.pop(request.request_id, None)
+                try:
+                    if suspended is not None:
+                        self._resume(suspended, slot)
+                    else:
+                        self._start(request, slot)
+                except Exception as exc:  # this request's own fault (its parameters): the others run on
+                    self._fail_start(request, slot, exc)
+                admitted = True
+            finally:
+                self._admitting = 0  # running (in `_active`) or ended by now
         return admitted
 
     def _fail_start(self, request: EngineRequest, slot: int, exc: Exception) -> None:

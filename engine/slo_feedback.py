@@ -193,10 +193,14 @@ class FleetRead:
 
 
 def _finite(value: object, limit: float) -> float | None:
-    """`value` as a finite float in [0, limit], or None: JSON gives bools, strings, NaN, 1e400 (inf)."""
+    """`value` as a finite float in [0, limit], or None: JSON gives bools, strings, NaN, 1e400 (inf), and
+    integers of hundreds of digits, which no float holds."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
     return number if in_range(number, limit) else None
 
 

@@ -354,3 +354,31 @@ def test_an_unsynced_directory_is_asked_once_per_probe(redis_server, namespace):
         assert directory.stats.deferred == 1 and store.stats.probes == 1
     finally:
         l3.close()
+
+
+def test_a_key_a_resync_scan_found_is_not_hidden_by_an_older_miss(redis_server):
+    """A key a (re)scan found after a reader's stamp is not discarded with that stale stamp (review)."""
+    namespace = f"test:dirF:{uuid.uuid4().hex[:8]}"
+    name = f"{namespace}:k"
+    raw = redis.Redis.from_url(redis_server)
+    directory = KeyDirectory(redis_server, namespace).start()
+    try:
+        assert wait_for(lambda: directory.synced, 10)
+        # a reader: stamp, then its GET misses (the key is not written yet)
+        stamp = directory.adds
+        assert raw.get(name) is None
+        # meanwhile the directory's connection drops, another replica writes the key (its
+        # announcement is lost while unsubscribed), and the directory resyncs with a scan that finds it
+        disconnects = directory.stats.disconnects
+        raw.set(name, b"v", ex=600)
+        raw.client_kill_filter(_type="pubsub")
+        assert wait_for(lambda: directory.stats.disconnects > disconnects, 10)
+        assert wait_for(lambda: directory.synced and directory.contains(name) is True, 10)
+        # the reader now reports its (older) miss
+        directory.discard(name, unless_added_since=stamp)
+        assert raw.exists(name) == 1
+        assert directory.contains(name) is not False, "the directory answers 'absent' for a key Redis holds"
+    finally:
+        directory.close()
+        raw.delete(name)
+        raw.close()

@@ -148,3 +148,31 @@ def test_the_loop_thread_survives_a_tick_that_raises(redis_server):
     finally:
         loop.stop()
         loop.client.delete(loop.key)
+
+
+def test_read_fleet_discards_a_window_with_a_huge_integer():
+    """A JSON integer too large for a float (a lying replica, bit rot) is a bad window, not an error."""
+    huge = "1" + "0" * 400
+    fleet = {
+        b"good:critical": b'{"count": 4, "p_ms": 300.0, "ts": 1000.0}',
+        b"liar:critical": ('{"count": %s, "p_ms": 1.0, "ts": 1000.0}' % huge).encode(),
+    }
+    read = read_fleet(fleet, now=1001.0, fresh_s=10.0)
+    assert set(read.discard) == {b"liar:critical"}
+    assert read.observations["critical"].count == 4
+
+
+def test_a_tick_survives_and_deletes_a_window_with_a_huge_integer(redis_server):
+    applied = []
+    loop = SloFeedbackLoop(
+        redis_server, "m-huge", TIERS, FeedbackController(TIERS), applied.append, 5.0, lambda m: None
+    )
+    loop.client.delete(loop.key)
+    now = 1_000_000.0
+    loop.client.hset(loop.key, "liar:critical", '{"count": 4, "p_ms": 1.0, "ts": %s}' % ("1" + "0" * 400))
+    try:
+        loop.tick(now)  # it raised OverflowError: every tick of every replica, for as long as the key lived
+        assert not loop.client.hexists(loop.key, "liar:critical")
+        assert loop.fields_deleted == 1
+    finally:
+        loop.client.delete(loop.key)
