@@ -320,10 +320,12 @@ def run_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             cache=args.cache, model=args.model, on_piece=show, timeout_s=args.timeout,
             tenant_token=args.tenant_token,
         )  # fmt: skip
-    except (GenerationError, InferenceServerException, OSError) as exc:
+    except (GenerationError, InferenceServerException, OSError, UnicodeError) as exc:
         if shown:  # end the line of the pieces streamed before the error
             out.write("\n")
             out.flush()
+        if isinstance(exc, UnicodeError):  # an argument the shell passed as bytes that are not UTF-8
+            exc = f"an argument is not UTF-8 text ({exc})"
         err.write(f"error: {exc}\n")
         return 1
     out.write("\n" + format_stats(result) + "\n")

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from deploy.stack_secret import write_owner_only
 from scheduler.tenant_auth import TOOL_TOKEN_TTL_S, token_from_env
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
@@ -246,8 +247,11 @@ def export_perf_analyzer_json(
         raise ValueError("no requests to export; perf_analyzer needs at least one input data entry")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"data": [perf_analyzer_entry(r, token_ttl_s) for r in requests]}
-    path.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    entries = [perf_analyzer_entry(r, token_ttl_s) for r in requests]
+    text = json.dumps({"data": entries}, indent=1, ensure_ascii=False) + "\n"
+    if any("tenant_token" in entry for entry in entries):  # tokens valid for days: for the owner's eyes only
+        return write_owner_only(path, text)
+    path.write_text(text, encoding="utf-8")
     return path
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -31,12 +32,23 @@ def provide_tenant_secret(run_dir: Path, env: MutableMapping[str, str]) -> Path 
     if auth.enabled or auth.trust_client:
         return None
     secret = secrets.token_hex(32)
-    path = Path(run_dir) / TENANT_SECRET_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-    os.chmod(path, 0o600)  # a file left by an earlier stack keeps its mode under O_CREAT
+    path = write_owner_only(Path(run_dir) / TENANT_SECRET_FILE, secret + "\n")
     env[SECRET_ENV] = secret
+    return path
+
+
+def write_owner_only(path: Path, text: str) -> Path:
+    """Write `text` to a new file only its owner may read, then move it onto `path`. A file left there
+    (an earlier stack's, maybe readable by others, maybe held open) is replaced, never written into: a
+    handle opened on it while it was readable would read the new contents."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

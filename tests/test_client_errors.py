@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from scheduler.tenant_auth import SECRET_ENV
+
 import dataclasses
 
 import contextlib
@@ -166,3 +168,14 @@ def test_the_load_generator_refuses_a_bad_concurrency_limit(limit: str) -> None:
         ["--count", "2", "--url", "localhost:1", "--concurrency-limit", limit], io.StringIO(), err
     )
     assert code == 2 and "--concurrency-limit must be >= 1" in err.getvalue()
+
+
+def test_generate_cli_with_a_prompt_that_is_not_utf8_is_a_clear_error(monkeypatch):
+    """A shell argument that is not UTF-8 reaches argv as a lone surrogate (surrogateescape): an error
+    and exit status 1, not a traceback (found in review, 2026-12-07)."""
+    from client.__main__ import main as client_main
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    rc = client_main(["generate", "caf\udce9", "--url", "localhost:1", "--timeout", "2"], out, err)
+    assert rc == 1 and "not UTF-8" in err.getvalue()

@@ -3,6 +3,8 @@ without one serves tenant `default` only (scheduler/tenant_auth.py)."""
 
 from __future__ import annotations
 
+from deploy.stack_secret import TENANT_SECRET_FILE, provide_tenant_secret
+
 import os
 import stat
 from pathlib import Path
@@ -10,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from deploy.stack_secret import (
-    TENANT_SECRET_FILE,
-    provide_tenant_secret,
     read_tenant_secret,
     share_tenant_secret,
 )
@@ -49,3 +49,18 @@ def test_a_process_that_starts_stacks_shares_one_secret_with_them() -> None:
     secret = share_tenant_secret(environ)
     assert environ == {SECRET_ENV: secret} and share_tenant_secret(environ) == secret
     assert share_tenant_secret({SECRET_ENV: "the operator's"}) == "the operator's"
+
+
+def test_a_stale_world_readable_secret_file_never_receives_the_new_secret(tmp_path: Path, monkeypatch):
+    """provide_tenant_secret reopened a file left in the run dir (O_TRUNC keeps its inode and mode) and
+    wrote the new secret into it before the chmod to 0600: a handle opened while it was world-readable
+    read the stack's new secret (found in review, 2026-12-07)."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    stale = tmp_path / TENANT_SECRET_FILE
+    stale.write_text("an earlier secret\n")
+    os.chmod(stale, 0o644)
+    with open(stale) as other_user:  # opened while the file was readable by others
+        env: dict[str, str] = {}
+        path = provide_tenant_secret(tmp_path, env)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert env[SECRET_ENV] not in other_user.read()

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from scheduler.tenant_auth import SECRET_ENV
+
+import stat
+
+import os
+
+import io
+
 import json
 import time
 from collections import Counter
@@ -148,3 +156,22 @@ def test_corpus_prompts_have_about_the_requested_token_count() -> None:
 def test_corpus_prompts_missing_tokenizer_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--model-dir"):
         CorpusPrompts(tmp_path)
+
+
+def test_exported_perf_analyzer_tokens_are_not_readable_by_others(tmp_path: Path, monkeypatch):
+    """`client.load --export-perf-analyzer` wrote 30-day tenant tokens (default's included, which opens
+    the restricted tiers) into a file created with the process umask: 0644, readable by every local user
+    (found in review, 2026-12-07)."""
+    from client.load import main as load_main
+
+    monkeypatch.setenv(SECRET_ENV, "a-server-secret")
+    path = tmp_path / "in.json"
+    old = os.umask(0o022)  # the usual umask
+    try:
+        args = ["--count", "4", "--tenants", "2", "--export-perf-analyzer", str(path), "--export-only"]
+        assert load_main(args, io.StringIO(), io.StringIO()) == 0
+    finally:
+        os.umask(old)
+    entries = json.loads(path.read_text())["data"]
+    assert any("tenant_token" in e for e in entries)
+    assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, oct(path.stat().st_mode)
