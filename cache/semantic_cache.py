@@ -62,6 +62,7 @@ import logging
 import os
 import re
 import time
+import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from collections.abc import Callable
@@ -188,7 +189,16 @@ class Embedder(Protocol):
 # Query normalisation (what gets embedded) and content words
 # ---------------------------------------------------------------------------------------------------
 
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'"})
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'", "\u02bc": "'"})
+
+
+def fold(text: str) -> str:
+    """One spelling of what reads alike, before the normaliser and the guard both: NFKC (full-width
+    letters and digits, "½" and "²" as digits, a letter and its combining accent as one letter) and one
+    apostrophe, so that "doesn`t" is a negation to the guard as it is "does not" to the embedding."""
+    return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
+
+
 _CONTRACTIONS = (
     (re.compile(r"\bcan't\b"), "cannot"),
     (re.compile(r"\bwon't\b"), "will not"),
@@ -209,10 +219,11 @@ _FILLERS = re.compile(
     r"do you know|tell me|i was wondering)?\s*"
 )
 # Ways of asking "how do I": MiniLM scores two phrasings of one question lower when only one of them
-# says "what's the best way to"; one canonical opener moves paraphrases closer, not other questions.
+# says "what's the best way to"; one canonical opener moves paraphrases closer, not other questions
+# ("the quickest way" and "the easiest way" ask for different answers, so they keep their words).
 _OPENERS = re.compile(
     r"^(?:how can i|how could i|how would i|how should i|how do you|how does one|how to|"
-    r"what is the (?:best |easiest |right |quickest )?way to|what are the steps to|is there a way to)\b"
+    r"what is the (?:best |right )?way to|what are the steps to|is there a way to)\b"
 )
 _PUNCTUATION = re.compile(r"[^\w\s-]+|(?<!\w)-|-(?!\w)")
 _SPACES = re.compile(r"\s+")
@@ -237,7 +248,7 @@ LOOSE_FRAME_WORDS = frozenset(
 
 def normalize_question(text: str) -> str:
     """Lower case, contractions expanded, preambles dropped, one "how do i" opener, no punctuation."""
-    s = text.translate(_APOSTROPHES).lower().strip()
+    s = fold(text).lower().strip()
     for pattern, replacement in _CONTRACTIONS:
         s = pattern.sub(replacement, s)
     s = _FILLERS.sub("", s, count=1)
@@ -421,14 +432,28 @@ NUMBER_WORDS = {
     "ten": "10",
     "eleven": "11",
     "twelve": "12",
+    "thirteen": "13",
+    "fourteen": "14",
+    "fifteen": "15",
+    "sixteen": "16",
+    "seventeen": "17",
+    "eighteen": "18",
+    "nineteen": "19",
     "twenty": "20",
     "thirty": "30",
     "forty": "40",
     "fifty": "50",
+    "sixty": "60",
+    "seventy": "70",
+    "eighty": "80",
+    "ninety": "90",
+    "zero": "0",
     "hundred": "100",
     "thousand": "1000",
+    "million": "1000000",
+    "billion": "1000000000",
 }  # "one" is left out: mostly a pronoun ("the mobile one")
-_WORD = re.compile(r"[A-Za-z0-9]+(?:['’][A-Za-z]+)?")
+_WORD = re.compile(r"[^\W_]+(?:'[^\W\d_]+)?")  # letters and digits of any script, after `fold`
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _SENTENCE_END = re.compile(r"[.?!:;]\s+|^\s*")
 _PRONOUN_I = frozenset({"i", "i'm", "i'd", "i've", "i'll"})
@@ -452,6 +477,7 @@ class QuestionFeatures:
     entities: frozenset[str]
     content: tuple[str, ...]  # content_words(text)
     frame: tuple[str, ...]  # frame_words(text)
+    symbols: frozenset[str] = frozenset()  # emoji and other symbols: the normaliser drops them
 
 
 @dataclass(frozen=True)
@@ -461,7 +487,7 @@ class GuardVerdict:
 
 
 def _tokens(text: str) -> list[str]:
-    return [t.replace("’", "'") for t in _WORD.findall(text)]
+    return _WORD.findall(text)
 
 
 def _next_content(words: list[str], i: int) -> str | None:
@@ -472,6 +498,7 @@ def _next_content(words: list[str], i: int) -> str | None:
 
 
 def extract_features(text: str) -> QuestionFeatures:
+    text = fold(text)
     normalized = normalize_question(text).split()  # once, for the content and the frame words
     raw = _tokens(text)
     words = [w.lower() for w in raw]
@@ -565,6 +592,7 @@ def extract_features(text: str) -> QuestionFeatures:
         entities=frozenset(entities),
         content=_content(normalized),
         frame=_frame(normalized),
+        symbols=frozenset(c for c in text if unicodedata.category(c) == "So"),
     )
 
 
@@ -646,6 +674,8 @@ class QuestionGuard:
             return GuardVerdict(False, "reversal:than")
         if a.numbers != b.numbers:
             return GuardVerdict(False, "numbers")
+        if a.symbols != b.symbols:  # "what does 👍 mean" / "what does 👎 mean" normalise alike
+            return GuardVerdict(False, "symbols")
         missing = {e for e in a.entities if e not in b.words} | {e for e in b.entities if e not in a.words}
         if missing:
             return GuardVerdict(False, "entities")
@@ -933,7 +963,9 @@ def select(
         if not cand.verdict().ok:
             judged = "no"
             if scorer is not None and pair_check.may_overrule(cand.verdict().reason):
-                judged = scorer.judge(cand, pair_check.overrule_min, candidates[position + 1 :], floor)
+                # never a lower cut than a candidate the guard passed must reach
+                cut = max(pair_check.overrule_min, pair_check.min_probability)
+                judged = scorer.judge(cand, cut, candidates[position + 1 :], floor)
             if judged == "error":
                 return None
             if judged != "yes":
@@ -1096,10 +1128,13 @@ class SemanticResponseCache(RedisCacheBase):
         if not is_deterministic(params) or not utf8_encodable(prompt):  # a lone surrogate: no key
             self._count("uncacheable")
             return False
-        normalized = self._within_window(prompt)
+        normalized = self._guard_embedder(lambda: self._within_window(prompt))
         if normalized is None:
             return False
-        vec = self._embed(normalized, tenant) if embedding is None else self._normalize(embedding)
+        if embedding is not None:
+            vec = self._normalize(embedding)
+        elif (vec := self._guard_embedder(lambda: self._embed(normalized, tenant))) is None:
+            return False
         if not self._may_write():  # after what may raise: a call the breaker allowed must report back
             return False
         emb = vec.astype("<f4").tobytes()

@@ -48,4 +48,6 @@ def test_an_embedding_that_raises_is_a_miss_and_the_request_is_computed(model, r
     finally:
         engine.shutdown(1.0)
     assert not sink.errors and len(sink.tokens) == 4
-    assert semantic.stats.embed_errors == 1 and "out of memory" in semantic.last_embed_error
+    # the lookup's failure, and the computed answer's store when its write ran: counted, never raised
+    assert semantic.stats.embed_errors in (1, 2) and "out of memory" in semantic.last_embed_error
+    assert semantic.stats.stores == 1  # the seed's only
