@@ -35,7 +35,10 @@ def parse_memory(key: str, value: str) -> int:
         )
     unit = (match["unit"] or "").lower()
     scale = 1024 ** ("kmgt".index(unit[0]) + 1) if "i" in unit else _UNITS[unit[:1]]
-    return int(float(match["number"]) * scale)
+    size = float(match["number"]) * scale
+    if not size < 2**63:  # 400 nines read as a float are infinity, which int() refuses
+        raise ValueError(f"parameter {key}={value!r} is too large a memory size")
+    return int(size)
 
 
 def human(size: int) -> str:

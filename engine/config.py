@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import threading
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -205,8 +206,14 @@ class EngineConfig:
             raise ValueError(f"semantic_pair_min is a probability in [0, 1], got {self.semantic_pair_min}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, float) and not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"parameter {f.name}={value!r} must be a finite number >= 0")
+            # at most what a thread may wait: the timing parameters end up as wait() timeouts, which raise
+            # OverflowError past it (a budget of 1e12 s crashed the warmup stage it was meant to leave alone)
+            if isinstance(value, float) and not (
+                math.isfinite(value) and 0 <= value <= threading.TIMEOUT_MAX
+            ):
+                raise ValueError(
+                    f"parameter {f.name}={value!r} must be a finite number in [0, {threading.TIMEOUT_MAX:g}]"
+                )
         self.cache_request()
 
     def cache_request(self) -> CacheRequest:

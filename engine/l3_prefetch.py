@@ -96,7 +96,8 @@ class L3Prefetcher:
         started = time.perf_counter()
         with self._cond:
             done = self._cond.wait_for(
-                lambda: key not in self._results or self._results[key] is not None, max(0.0, timeout_s)
+                lambda: key not in self._results or self._results[key] is not None,
+                min(max(0.0, timeout_s), threading.TIMEOUT_MAX),
             )
             self._waited[key] = self._waited.get(key, 0.0) + time.perf_counter() - started
         return done
