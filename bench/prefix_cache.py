@@ -52,6 +52,7 @@ from bench.common import (
     model_dir_for,
     print_table,
     progress,
+    quartiles,
     write_results,
 )
 from client.metrics import metric_total, scrape_metrics
@@ -300,11 +301,13 @@ class ThroughputRun:
 
 
 def round_order(index: int, count: int) -> list[int]:
-    """Round `index`'s order of `count` modes: a rotation, reversed on every other pass through the
-    rotations, so that each mode runs in each position and right after each other mode equally often
-    (three modes: all six orders every six rounds). Rotations alone always ran `use` after `bypass`."""
-    order = [(index + k) % count for k in range(count)]
-    return order[::-1] if (index // count) % 2 else order
+    """Round `index`'s order of `count` modes: rotation `index // 2`, reversed in odd rounds, so that
+    every two rounds run each pair of modes both ways, and each mode runs in each position and right
+    after each other mode equally often (three modes: all six orders every six rounds). Rotations alone
+    always ran `use` after `bypass`; reversing every other pass through them (until 2026-12-07) ran it
+    after `bypass` in 3 of the 4 rounds one at a time that the GPU runs use."""
+    order = [(index // 2 + k) % count for k in range(count)]
+    return order[::-1] if index % 2 else order
 
 
 def interleaved(rate: Rate, texts: list[str], modes: tuple[str, ...], rounds: int):
@@ -427,9 +430,9 @@ def plot_costs(runs: list[tuple[str, ThroughputRun | None]], path: Path) -> None
 def cost_row(label: str, rounds: list[tuple[float, float]]) -> list[object]:
     losses = sorted(round_costs(rounds))
     overall = 1 - sum(r[0] for r in rounds) / sum(r[1] for r in rounds)
+    p25, p75 = quartiles(losses)
     return [label, len(rounds), median([r[0] for r in rounds]), median([r[1] for r in rounds]),
-            f"{median(losses) * 100:.2f}%",
-            f"{losses[len(losses) // 4] * 100:.1f}% to {losses[(3 * len(losses)) // 4] * 100:.1f}%",
+            f"{median(losses) * 100:.2f}%", f"{p25 * 100:.1f}% to {p75 * 100:.1f}%",
             f"{overall * 100:.2f}%"]  # fmt: skip
 
 
@@ -546,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{table_timers}{loaded_md}"
     )
     payload = {
-        "throughput": run_payload(run, losses),
+        "throughput": {"requests_per_turn": args.throughput_requests, **run_payload(run, losses)},
         "throughput_concurrent": loaded_payload,
         "device": args.device,
     }

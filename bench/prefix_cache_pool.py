@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     machines = sorted({run.get("machine", "?") for run in runs})
     if len(machines) > 1:
         parser.error(f"the runs come from different machines: {machines}")
+    for key, mode in MODES:  # runs before 2026-12-07 did not record it one at a time: not checked
+        sizes = sorted(
+            {run[key]["requests_per_turn"] for run in runs if (run.get(key) or {}).get("requests_per_turn")}
+        )
+        if len(sizes) > 1:
+            parser.error(f"the runs' turns {mode} are of different sizes: {sizes} requests")
     progress(f"pooling {len(runs)} runs of {machines[0]}")
     pooled = pooled_costs(runs)
     table = print_table(

@@ -28,7 +28,15 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.common import add_engine_args, in_process_config, median, print_table, progress, write_results
+from bench.common import (
+    add_engine_args,
+    in_process_config,
+    median,
+    percentile,
+    print_table,
+    progress,
+    write_results,
+)
 from engine.l2_pool import HostBlockPool
 from engine.loader import load_engine
 from engine.model_runner import ModelRunner
@@ -64,7 +72,7 @@ class StoreTimes:
     @property
     def row(self) -> list[object]:
         ms = sorted(s * 1000 for s in self.seconds)
-        p90 = ms[min(len(ms) - 1, int(0.9 * len(ms)))]
+        p90 = percentile(ms, 90)
         figures = [f"{value:.3f}" for value in (median(ms), p90, sum(ms) / len(ms))]
         return [self.scenario, len(ms), *figures, f"{self.evictions_per_store:g}"]
 
