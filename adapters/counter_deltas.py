@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 
 class CounterDeltas:
@@ -12,10 +12,14 @@ class CounterDeltas:
     def __init__(self) -> None:
         self._seen: dict[Hashable, float] = {}
 
-    def increment(self, key: Hashable, value: float) -> float:
-        """What to add to counter `key`, which now reads `value` (0: nothing)."""
+    def send(self, key: Hashable, value: float, increment: Callable[[float], object]) -> None:
+        """Give counter `key`, which now reads `value`, what it was not given yet (`increment`, not called
+        for nothing). The value counts as sent once `increment` returned: a metric message that failed
+        (an IPC round trip to the stub) is sent again with the next value, not lost for good."""
         seen = self._seen.get(key, 0.0)
         delta = value if value < seen else value - seen
-        if delta >= 0:
-            self._seen[key] = value
-        return delta if delta > 0 else 0.0
+        if not delta >= 0:  # NaN
+            return
+        if delta > 0:
+            increment(delta)
+        self._seen[key] = value

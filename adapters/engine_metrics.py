@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import threading
 
 import triton_python_backend_utils as pb_utils
@@ -202,8 +204,11 @@ class TritonEngineObserver(EngineObserver):
 
     def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
         for (tier, counter), value in counters.items():
-            if delta := self._cache_deltas.increment((tier, counter), value):
-                self._metric(self.cache_events, tier=tier, counter=counter).increment(delta)
+            self._cache_deltas.send((tier, counter), value, partial(self._count_cache, tier, counter))
+
+    def _count_cache(self, tier: str, counter: str, delta: float) -> None:
+        """A series is made on its first increment: counters that stay 0 export none."""
+        self._metric(self.cache_events, tier=tier, counter=counter).increment(delta)
 
     def on_cache_gauges(self, gauges: dict[tuple[str, str], float]) -> None:
         for (tier, gauge), value in gauges.items():

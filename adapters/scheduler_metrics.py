@@ -40,5 +40,4 @@ class PrefixTokenizerMetrics:
             return
         self._due = now + PUBLISH_EVERY_S
         for name, value in asdict(stats).items():
-            if delta := self._published.increment(name, value):
-                self._series[name].increment(delta)
+            self._published.send(name, value, self._series[name].increment)

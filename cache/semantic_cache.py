@@ -1073,8 +1073,9 @@ class SemanticResponseCache(RedisCacheBase):
         ``pair_model_<name>``, the pair classifier's the same way (``pair_model_texts``: pairs scored)."""
         counters = super().snapshot()
         embedder_counters = getattr(self.embedder, "snapshot", None)
-        if callable(embedder_counters):
-            counters.update({f"embed_{name}": value for name, value in embedder_counters().items()})
+        if callable(embedder_counters):  # its `errors` (failed passes) is not ours (lookups that missed)
+            renamed = {"errors": "failed_passes"}
+            counters.update({f"embed_{renamed.get(k, k)}": v for k, v in embedder_counters().items()})
         if self.recent is not None:
             counters.update({f"embed_recent_{name}": value for name, value in self.recent.snapshot().items()})
         classifier_counters = getattr(getattr(self.pair_check, "classifier", None), "snapshot", None)

@@ -90,7 +90,10 @@ class TritonPythonModel:
 
     def execute(self, requests):
         responses = [self._one(request, own=self.triton_warmup.next_is_own()) for request in requests]
-        self.tokenizer_metrics.publish(self.encoder.stats)
+        try:
+            self.tokenizer_metrics.publish(self.encoder.stats)
+        except Exception as exc:  # a metric message that failed must not fail the answered batch
+            log_event("metrics_error", where="prefix_tokenizer", error=f"{type(exc).__name__}: {exc}")
         if not self.encoder.enabled and not self._reported_off:
             self._reported_off = True
             reason = "composed ids differed from a whole encode; prompts are encoded whole from now on"
