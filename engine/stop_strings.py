@@ -24,13 +24,16 @@ class StopMatcher:
         """(tokens that may be sent, bytes to trim off their end).
 
         After a match: every token that starts before the stop string, trimmed to end exactly where
-        it begins. Otherwise: every token not held back as a possible stop-string start.
+        it begins, and every token of no bytes at its start (a special token, released when it came:
+        a count below what was sent would take text back). Otherwise: every token not held back as a
+        possible stop-string start.
         """
         if not self.stops:
             return len(self.token_ends), 0
         cut = self._match_start()
         if cut is not None:
-            count = sum(1 for start in [0, *self.token_ends[:-1]] if start < cut)
+            starts = [0, *self.token_ends[:-1]]
+            count = sum(1 for start, end in zip(starts, self.token_ends) if start < cut or end <= cut)
             return count, (self.token_ends[count - 1] - cut) if count else 0
         cut = len(self.buffer) if finished else len(self.buffer) - self._pending_prefix()
         return sum(1 for end in self.token_ends if end <= cut), 0

@@ -10,6 +10,8 @@ longer pools but never the other way, and the longest class always has a slot.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,9 +85,10 @@ def plan_kv_pools(
     if slots < 1:
         raise ValueError(f"a KV plan needs at least one slot, got {slots}")
     classes = sorted({b for b in buckets if 0 < b < max_len} | {max_len})
-    clean = {
-        min(int(k), max_len): int(v) for k, v in (reserved_lengths or {}).items() if int(k) > 0 and int(v) > 0
-    }
+    clean: Counter[int] = Counter()  # lengths past max_len all count as max_len: added, not overwritten
+    for k, v in (reserved_lengths or {}).items():
+        if int(k) > 0 and int(v) > 0:
+            clean[min(int(k), max_len)] += int(v)
     samples = sum(clean.values())
     if samples < max(min_samples, 1) or slots < 2:  # no recorded request is no distribution
         return single_pool(slots, max_len, samples)

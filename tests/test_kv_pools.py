@@ -167,3 +167,13 @@ def test_preemption_takes_a_slot_long_enough_for_the_urgent_request(model):  # n
     assert engine.stats.preemptions == 1 and "long" in engine._suspended and "short" not in engine._suspended
     run_until_idle(engine)
     assert len(critical.tokens) == 8 and len(long_batch.tokens) == 40 and len(short_batch.tokens) == 25
+
+
+def test_lengths_past_the_limit_all_count_toward_the_long_tail():
+    """Lengths clamped to max_len used to overwrite each other's counts (a dict comprehension)."""
+    max_len, slots = 4096, 10
+    reserved = {100: 60, 5000: 20, 6000: 20}  # 40% need more than the short class
+    plan = plan_kv_pools(reserved, slots, max_len, (64, 128, 256, 512, 1024, 2048))
+    assert plan.samples == 100
+    long_slots = sum(p.slots for p in plan.pools if p.capacity > 128)
+    assert long_slots >= math.ceil(slots * 0.4), plan.pools
