@@ -129,12 +129,18 @@ def write_announced(
     index_replies = replies[len(values) :] if index is not None else []
     # the head's renewal goes first and drops a bad index itself; otherwise ZADD meets it (WRONGTYPE)
     repaired = bool(trims and head) and index_replies[0] == INDEX_DROPPED
+    listed_at = len(values) + int(not trims) + int(bool(limit and head))  # the ZADD's reply (after a PUBLISH)
     if any(isinstance(reply, Exception) and is_wrong_type(reply) for reply in index_replies):
         pipe = client.pipeline(transaction=False)
         pipe.eval(DROP_OTHER_TYPE, 1, index, "zset")
         _queue_index(pipe, namespace, names, ttl_s, index, limit, head)
         replies = pipe.execute(raise_on_error=False)
-        repaired = True
+        repaired, listed_at = True, 1 + int(bool(limit and head))
+    if values and index is not None and isinstance(replies[listed_at], Exception):
+        # the values took and the index refused them (a full Redis takes SETs just under maxmemory, then
+        # refuses the ZADD): unlisted, forget-tenant could not find them. They go; the write failed.
+        _delete_quietly(client, [name for name, took in zip(names, stored) if took])
+        raise replies[listed_at]
     evicted: list[str] = []
     trim_error = None
     if trims and isinstance(replies[-1], Exception):  # the SETs took: the next write trims
@@ -142,6 +148,15 @@ def write_announced(
     elif trims:
         evicted = [name.decode() if isinstance(name, bytes) else str(name) for name in replies[-1]]
     return Written(stored, evicted, trim_error, repaired)
+
+
+def _delete_quietly(client: Any, names: list[str]) -> None:
+    if not names:
+        return
+    try:
+        client.delete(*names)
+    except Exception:  # Redis failing now: the values expire with their TTL
+        pass
 
 
 def _queue_index(

@@ -42,6 +42,11 @@ def probe_topology(client) -> RedisTopology:
     import redis
 
     try:
+        if client.info("server").get("redis_mode") == "sentinel":
+            raise UnsupportedRedis(
+                "redis_url points at a Redis Sentinel, which answers no GET, SET or script: point it at "
+                "the master the Sentinel names (SENTINEL get-master-addr-by-name)"
+            )
         enabled = bool(client.info("cluster").get("cluster_enabled"))
         if not enabled:
             return RedisTopology("standalone")

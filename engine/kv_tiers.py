@@ -184,14 +184,16 @@ class L3Tier:
         """
         fresh = self.unknown(keys)
         self.republish_skipped += len(keys) - len(fresh)
-        if not fresh:
-            return
-        if len(fresh) < len(keys):  # the known ones before the first fresh are this write's head too
-            head = [*(head or []), *keys[: fresh[0]]]
-            keys, blocks = [keys[i] for i in fresh], blocks[fresh]
-        self._remember(keys)  # before the write is queued: the writer forgets them if it fails
-        if not self._writes.submit(_Write(keys, blocks.to("cpu", copy=True), tenant, head or [])):
-            self._forget(keys)
+        # one write per run of fresh blocks, the known ones before it its head: a skipped block between
+        # two runs is the later run's head, renewed above it, so a quota trims that tail before it
+        for start, end in _runs(fresh):
+            run = keys[start:end]
+            self._remember(run)  # before the write is queued: the writer forgets them if it fails
+            written = _Write(
+                run, blocks[start:end].to("cpu", copy=True), tenant, [*(head or []), *keys[:start]]
+            )
+            if not self._writes.submit(written):
+                self._forget(run)
 
     @property
     def renews(self) -> bool:
@@ -264,3 +266,14 @@ class L3Tier:
         self._probes.shutdown(wait=False, cancel_futures=True)
         self._writes.close()
         self.store.close()
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Ascending positions as (start, end) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for position in positions:
+        if runs and runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], position + 1)
+        else:
+            runs.append((position, position + 1))
+    return runs
