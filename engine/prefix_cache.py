@@ -21,6 +21,7 @@ pure and may be called from any thread.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import struct
@@ -298,9 +299,33 @@ class PrefixCache:
         rest = tokens[len(head) * self.block_size :]
         keys = head + block_keys(rest, self.block_size, self.salt(tenant), head[-1] if head else None)
         missing = [i for i, key in enumerate(keys) if key not in self.index]
-        if not missing:
+        if not missing and not (pin or publish):
             return 0
-        blocks = self.runner.read_blocks(slot, missing[-1] + 1, self.block_size)
+        stored: list[int] = []
+        if missing:
+            blocks = self.runner.read_blocks(slot, missing[-1] + 1, self.block_size)
+            stored = self._keep(keys, missing, blocks)
+        if pin:
+            self._warm([key for key in keys if key in self.index], keys)
+        if self.l3 is None:
+            return len(stored)
+        if publish or pin:  # warmup and templates: all of the chain L1 holds, not only what this store added
+            held = list(itertools.takewhile(self.index.__contains__, keys))
+            if self.l3.unknown(held):
+                self.l3.publish(held, self.pool[self._rows([self.index[key] for key in held])], tenant)
+        elif stored:
+            if self.publish_on_first_use:
+                second = stored
+            else:  # computed again: seen before
+                seen = self._seen.seen_many([keys[i] for i in stored], tenant)
+                second = [i for i, again in zip(stored, seen) if again]
+            if second:
+                self.l3.publish([keys[i] for i in second], blocks[second], tenant, keys[: second[0]])
+        return len(stored)
+
+    def _keep(self, keys: list[bytes], missing: list[int], blocks: torch.Tensor) -> list[int]:
+        """Copy the `missing` blocks of the chain `keys` (rows of `blocks`) into L1; returns the positions
+        stored (fewer when the pool has too few rows that may be evicted)."""
         # never evict a block of the chain being stored (its head, say): the blocks stored after it would
         # sit in L1 unreachable, since a lookup stops at the first block it lacks
         saved, self._protected = self._protected, self._protected | set(keys)
@@ -317,17 +342,7 @@ class PrefixCache:
         for key in reversed(keys):  # as in lookup: the head ends most recent, so tails are evicted first
             if key in self.index:
                 self.index.move_to_end(key)
-        if pin:
-            self._warm([key for key in keys if key in self.index], keys)
-        if self.l3 is not None and stored:
-            if publish or pin or self.publish_on_first_use:
-                second = stored
-            else:  # computed again: seen before
-                seen = self._seen.seen_many([keys[i] for i in stored], tenant)
-                second = [i for i, again in zip(stored, seen) if again]
-            if second:
-                self.l3.publish([keys[i] for i in second], blocks[second], tenant, keys[: second[0]])
-        return len(stored)
+        return stored
 
     def _publish_reused(self) -> None:
         """Blocks reused since the last store are worth sharing with other replicas: write those Redis
