@@ -534,3 +534,17 @@ def test_yaml_merge_keys_work_as_in_safe_load(tmp_path: Path) -> None:
         "  - <<: *acme\n    scenario: checkout\n    prompt: You are the checkout assistant.\n"
     )
     assert wj.load_templates(path) == [wj.SloTemplate("checkout", "acme", "You are the checkout assistant.")]
+
+
+def test_the_documented_python_api_runs_on_the_sample_log() -> None:
+    """docs/WARMUP_JOB.md's "Python API" snippet (it passed `log.records`, a count, and raised TypeError)."""
+    log = wj.read_query_log(Path(__file__).resolve().parents[1] / "data" / "query_log.jsonl")
+    templates = wj.load_templates(Path(__file__).resolve().parents[1] / "data" / "slo_templates.yaml")
+
+    def embed(texts: list[str]) -> np.ndarray:  # any fixed vectors: the snippet's shape is what is checked
+        return np.random.default_rng(0).normal(size=(len(texts), 8)).astype(np.float32)
+
+    items = wj.select_from_counts(
+        log.stats, templates, embed=embed, config=wj.SelectionConfig(edge_cases=True)
+    ).items
+    assert items and {item.reason for item in items} >= {wj.REASON_TOP}
