@@ -56,6 +56,7 @@ class GenerationResult:
     error: str | None = None
     request_id: str = ""
     first_token_s: float | None = None
+    finished: bool = True  # a final response or an error came (False: read while still open)
 
 
 def input_arrays(
@@ -149,6 +150,7 @@ class _Pending:
             self.error,
             self.request_id,
             first_token,
+            self.done_s is not None,
         )
 
 

@@ -15,6 +15,8 @@ to retry).
 
 from __future__ import annotations
 
+from collections import deque
+
 import argparse
 import json
 import math
@@ -106,7 +108,7 @@ def record_from_result(
 ) -> RequestRecord:
     """Classify one finished (or abandoned) request and derive TTFT/TPOT from its pieces."""
     tokens = sum(1 for piece in result.pieces if piece)
-    if result.error is None and result.total_s <= timeout_s:
+    if result.error is None and result.finished and result.total_s <= timeout_s:
         outcome, error = "ok", None
     elif result.error is None:  # still open at the end, or finished only after the client's timeout
         outcome, error = "timeout", TIMEOUT_MESSAGE
@@ -144,6 +146,7 @@ def run_load(
     order = sorted(range(len(planned)), key=lambda i: planned[i].at_s)
     sessions: dict[str, StreamingSession] = {}
     sent: dict[int, tuple[str, str, float]] = {}  # plan index -> (tier, request id, send offset)
+    recent: deque[tuple[float, str, str]] = deque()  # (send offset, tier, request id), within timeout_s
     try:
         for tier in dict.fromkeys(p.tier for p in planned):  # open streams before the clock starts
             sessions[tier] = StreamingSession(url, model=model)
@@ -157,7 +160,10 @@ def run_load(
                     on_progress(LoadProgress(now - start, len(planned), n_sent, _in_flight(sessions)))
                     next_report = now + progress_every_s
                 due = start + plan.at_s - now
-                full = concurrency_limit is not None and _in_flight(sessions) >= concurrency_limit
+                full = (
+                    concurrency_limit is not None
+                    and _live(sessions, recent, now - start - timeout_s) >= concurrency_limit
+                )
                 if due <= 0 and not full:
                     break
                 time.sleep(POLL_S if full else min(due, progress_every_s, 0.05))
@@ -167,6 +173,7 @@ def run_load(
                 cache=plan.cache, triton_priority=triton_priority,
             )  # fmt: skip
             sent[i] = (plan.tier, rid, send)
+            recent.append((send, plan.tier, rid))
         _drain(sessions, sent, start, timeout_s, on_progress, progress_every_s, len(planned))
         results = {tier: s.results() for tier, s in sessions.items()}
     finally:
@@ -180,6 +187,17 @@ def run_load(
 
 def _in_flight(sessions: Mapping[str, StreamingSession]) -> int:
     return sum(len(s.unfinished()) for s in sessions.values())
+
+
+def _live(
+    sessions: Mapping[str, StreamingSession], recent: deque[tuple[float, str, str]], expired: float
+) -> int:
+    """Requests in flight that still hold a pool slot: a request sent before `expired` (a send offset)
+    is a timeout already, and one that never answers must not keep the pool full for good."""
+    while recent and recent[0][0] < expired:
+        recent.popleft()
+    unfinished = {tier: set(session.unfinished()) for tier, session in sessions.items()}
+    return sum(1 for _, tier, rid in recent if rid in unfinished[tier])
 
 
 def _drain(
@@ -431,12 +449,16 @@ def send_plan(
         f"plan: {len(planned)} requests over {span:.1f} s ({args.arrivals}, rate {args.rate:g}/s, "
         f"gap CV {gap_cv(times):.2f}), seed {args.seed}\n"
     )
-    if args.export_perf_analyzer:
-        path = export_perf_analyzer_json(planned, args.export_perf_analyzer, args.export_token_ttl)
-        out.write(f"perf_analyzer input data: {path} ({len(planned)} entries)\n")
-    if args.export_intervals and planned:
-        path = export_request_intervals(planned, args.export_intervals)
-        out.write(f"perf_analyzer request intervals: {path} ({len(planned)} gaps, microseconds)\n")
+    try:
+        if args.export_perf_analyzer:
+            path = export_perf_analyzer_json(planned, args.export_perf_analyzer, args.export_token_ttl)
+            out.write(f"perf_analyzer input data: {path} ({len(planned)} entries)\n")
+        if args.export_intervals and planned:
+            path = export_request_intervals(planned, args.export_intervals)
+            out.write(f"perf_analyzer request intervals: {path} ({len(planned)} gaps, microseconds)\n")
+    except (ValueError, OSError) as exc:  # an empty plan, a path that cannot be written
+        err.write(f"error: {exc}\n")
+        return 2
     if args.export_only or not planned:
         return 0
 

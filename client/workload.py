@@ -55,7 +55,8 @@ class TierMix:
         if not self.weights:
             raise ValueError("a tier mix needs at least one tier")
         bad = {k: v for k, v in self.weights.items() if not (v >= 0 and math.isfinite(v))}
-        if bad or sum(self.weights.values()) <= 0:
+        total = sum(self.weights.values())
+        if bad or not 0 < total < math.inf:  # 1e308 twice sums to infinity: every fraction 0
             raise ValueError(f"tier weights must be finite, >= 0 and not all 0; got {dict(self.weights)}")
 
     @classmethod
@@ -247,7 +248,8 @@ def export_perf_analyzer_json(
         raise ValueError("no requests to export; perf_analyzer needs at least one input data entry")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    entries = [perf_analyzer_entry(r, token_ttl_s) for r in requests]
+    # in arrival order, as export_request_intervals writes the gaps: perf_analyzer pairs entry i with gap i
+    entries = [perf_analyzer_entry(r, token_ttl_s) for r in sorted(requests, key=lambda r: r.at_s)]
     text = json.dumps({"data": entries}, indent=1, ensure_ascii=False) + "\n"
     if any("tenant_token" in entry for entry in entries):  # tokens valid for days: for the owner's eyes only
         return write_owner_only(path, text)
