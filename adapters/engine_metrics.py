@@ -125,6 +125,7 @@ class TritonEngineObserver(EngineObserver):
         self._metrics: dict[tuple, SerializedMetric] = {}
         self._batch_max = 0
         self._load = (-1, -1, -1)
+        self._load_lock = threading.Lock()
         self.kv_bytes_per_token = 0
         self._cache_deltas = CounterDeltas()
         self._create_known_series()
@@ -174,8 +175,8 @@ class TritonEngineObserver(EngineObserver):
             if batch > 1:
                 self._metric(self.multi).increment(1)
             if batch > self._batch_max:
-                self._batch_max = batch
                 self._metric(self.max_batch).set(batch)
+                self._batch_max = batch  # after the message went: one that failed is sent again
 
     def on_first_token(self, tier: str, ttft_s: float) -> None:
         self._histogram(tier).observe(ttft_s)
@@ -218,11 +219,17 @@ class TritonEngineObserver(EngineObserver):
         self._metric(self.new_shapes, kind=kind).increment(1)
 
     def on_load(self, queued: int, active: int, kv_tokens: int) -> None:
-        if (queued, active, kv_tokens) != self._load:
-            self._load = (queued, active, kv_tokens)
+        """Called from the engine thread and the lookup threads: compared and sent under one lock, and
+        noted as sent only once all three messages went (a failed one is sent again with the next load,
+        else an idle engine would report its last busy queue for good, and a drain wait for it)."""
+        with self._load_lock:
+            if (queued, active, kv_tokens) == self._load:
+                return
+            self._load = (-1, -1, -1)
             self._metric(self.queue).set(queued)
             self._metric(self.active).set(active)
             self._metric(self.kv_used).set(kv_tokens * self.kv_bytes_per_token)
+            self._load = (queued, active, kv_tokens)
 
     def _histogram(self, tier: str, family=None, buckets: list[float] = TTFT_BUCKETS):
         family = family or self.ttft_hist

@@ -73,8 +73,9 @@ class TritonSink:
         with self.lock:
             if self.closed:
                 return
-            self.closed = bool(flags & FINAL)
             self.sender.send(response, flags=flags)
+            # closed once the final response went: a send that raised leaves the error for the final
+            self.closed = bool(flags & FINAL)
 
 
 class TritonPythonModel:
@@ -114,22 +115,26 @@ class TritonPythonModel:
             sink = TritonSink(request, [self.namespace, key], self.messages)
             own = self.triton_warmup.next_is_own()
             try:
-                params = EngineRequestParams.from_bytes(bytes(_input(request, "request_params").tolist()))
-                self.engine.submit(
-                    EngineRequest(
-                        request_id=str(key),
-                        prompt_ids=_input(request, "input_ids").tolist(),
-                        params=params,
-                        priority=int(_input(request, "priority")[0]),
-                        deadline_ns=int(_input(request, "deadline_ns")[0]),
-                        sink=sink,
-                    ),
-                    own=own,
+                engine_request = EngineRequest(
+                    request_id=str(key),
+                    prompt_ids=_input(request, "input_ids").tolist(),
+                    params=EngineRequestParams.from_bytes(bytes(_input(request, "request_params").tolist())),
+                    priority=int(_input(request, "priority")[0]),
+                    deadline_ns=int(_input(request, "deadline_ns")[0]),
+                    sink=sink,
                 )
             except RequestError as exc:
                 sink.fail(exc.code, exc.message)
+                continue
             except Exception as exc:  # malformed tensors fail this request only
                 sink.fail("INVALID_ARG", f"bad engine input: {type(exc).__name__}: {exc}")
+                continue
+            try:
+                self.engine.submit(engine_request, own=own)
+            except RequestError as exc:
+                sink.fail(exc.code, exc.message)
+            except Exception as exc:  # the server's own failure, not the client's input: this request only
+                sink.fail("INTERNAL", f"request failed to start: {type(exc).__name__}: {exc}")
         return None
 
     def finalize(self):
