@@ -160,3 +160,56 @@ def load_model(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class RecordedSeries:
+    """One metric series: counters add, gauges set; `fail_next` messages raise, as a failed IPC does."""
+
+    def __init__(self, counter: bool):
+        self.counter, self.total, self.fail_next = counter, 0.0, 0
+
+    @property
+    def value(self) -> float:
+        return self.total
+
+    def _message(self) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("metric message failed")
+
+    def increment(self, v):
+        self._message()
+        if self.counter and not v >= 0:  # Triton refuses negatives; NaN poisons a prometheus counter
+            raise ValueError(f"counter increment {v}")
+        self.total += v
+
+    def set(self, v):
+        self._message()
+        self.total = v
+
+    def observe(self, v):
+        self._message()
+        self.total += v
+
+
+def install_metrics(monkeypatch) -> dict:
+    """A `triton_python_backend_utils` of MetricFamily only; returns {(name, sorted labels): series}. The
+    metric adapters are imported afresh against it."""
+    series: dict = {}
+
+    class Family:
+        COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+        def __init__(self, name, description, kind):
+            self.name, self.kind = name, kind
+
+        def Metric(self, labels, **_):  # noqa: N802
+            key = (self.name, tuple(sorted(labels.items())))
+            return series.setdefault(key, RecordedSeries(self.kind == "counter"))
+
+    monkeypatch.setitem(
+        sys.modules, "triton_python_backend_utils", types.SimpleNamespace(MetricFamily=Family)
+    )
+    for name in ("adapters.engine_metrics", "adapters.scheduler_metrics"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return series

@@ -5,6 +5,9 @@ apart (written in review, 2026-12-07; the last two findings failed before their 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import uuid
 
 import pytest
@@ -46,6 +49,15 @@ def make(model, redis_url, first_use=True, l3=False, slots=2):  # noqa: F811
     return engine
 
 
+@contextmanager
+def running(model, redis_url, **options) -> Iterator[Engine]:  # noqa: F811
+    engine = make(model, redis_url, **options)
+    try:
+        yield engine
+    finally:
+        engine.shutdown(1.0)
+
+
 def serve(engine, prompt, **params):
     sink = RecordingSink()
     params.setdefault("max_tokens", 6)
@@ -55,78 +67,61 @@ def serve(engine, prompt, **params):
     return sink
 
 
+def cache_state(engine) -> tuple:
+    """What a bypassed request must leave as it was: the exact cache's counters, its sightings, L1's."""
+    responses = engine.responses
+    return (
+        responses.cache.snapshot(),
+        responses.first_sightings,
+        len(getattr(responses._sightings, "_by_tenant", ())),
+        engine.prefix_cache.hit_blocks,
+        engine.prefix_cache.miss_blocks,
+    )
+
+
 def test_bypass_touches_no_counter(model, redis_server):  # noqa: F811
-    engine = make(model, redis_server, first_use=False, l3=True)
-    try:
+    with running(model, redis_server, first_use=False, l3=True) as engine:
         serve(engine, P + [5])
-        before = (
-            engine.responses.cache.snapshot(),
-            engine.responses.first_sightings,
-            len(engine.responses._sightings._by_tenant)
-            if hasattr(engine.responses._sightings, "_by_tenant")
-            else None,
-            engine.prefix_cache.hit_blocks,
-            engine.prefix_cache.miss_blocks,
-        )
+        before = cache_state(engine)
         serve(engine, P + [5], cache="bypass")
         serve(engine, P + [6], cache="bypass")
         engine.responses.drain_writes()
-        after = (
-            engine.responses.cache.snapshot(),
-            engine.responses.first_sightings,
-            len(engine.responses._sightings._by_tenant)
-            if hasattr(engine.responses._sightings, "_by_tenant")
-            else None,
-            engine.prefix_cache.hit_blocks,
-            engine.prefix_cache.miss_blocks,
-        )
+        after = cache_state(engine)
         assert before == after
-    finally:
-        engine.shutdown(1.0)
 
 
 def test_refresh_not_served_and_written(model, redis_server):  # noqa: F811
-    engine = make(model, redis_server, first_use=True)
-    try:
+    with running(model, redis_server, first_use=True) as engine:
         a = serve(engine, P + [5], stream=False)
         assert engine.responses.drain_writes()
         b = serve(engine, P + [5], stream=False, cache="refresh")
         assert engine.stats.finished.get("cached", 0) == 0
         assert a.windows == b.windows
-    finally:
-        engine.shutdown(1.0)
 
 
 def test_warmup_publishes_l3(model, redis_server):  # noqa: F811
-    engine = make(model, redis_server, l3=True)
-    try:
+    with running(model, redis_server, l3=True) as engine:
         serve(engine, P + [5], tier="warmup")
         assert engine.prefix_cache.l3._writes.drain()
         keys = engine.prefix_cache.chain_keys(P + [5], "default")
         assert engine.prefix_cache.l3.store.exists_chain(keys) == 3
-    finally:
-        engine.shutdown(1.0)
 
 
 def test_warmup_after_standard_publishes_full_prompt(model, redis_server):  # noqa: F811
-    engine = make(model, redis_server, l3=True)
-    prompt = P[:48]  # 3 full blocks exactly
-    try:
+    with running(model, redis_server, l3=True) as engine:
+        prompt = P[:48]  # 3 full blocks exactly
         serve(engine, prompt)  # standard: L1 only (first use)
         serve(engine, prompt, tier="warmup", cache="refresh")
         assert engine.prefix_cache.l3._writes.drain()
         keys = engine.prefix_cache.chain_keys(prompt + [9], "default")
         assert engine.prefix_cache.l3.store.exists_chain(keys) == 3
-    finally:
-        engine.shutdown(1.0)
 
 
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("stop", [(), ("b",), ("bc",)])
 @pytest.mark.parametrize("first_max,then_max", [(8, 8), (8, 3), (8, 5), (3, 3)])
 def test_hits_equal_computed(model, redis_server, stream, stop, first_max, then_max):  # noqa: F811
-    engine = make(model, redis_server, first_use=True)
-    try:
+    with running(model, redis_server, first_use=True) as engine:
         prompt = [1, 5, 9, 33, 7]
         serve(engine, prompt, max_tokens=first_max, stop=stop, stream=stream, ignore_eos=False)
         assert engine.responses.drain_writes()
@@ -135,13 +130,10 @@ def test_hits_equal_computed(model, redis_server, stream, stop, first_max, then_
             engine, prompt, max_tokens=then_max, stop=stop, stream=stream, ignore_eos=False, cache="kv-only"
         )
         assert (hit.tokens, hit.trim) == (fresh.tokens, fresh.trim)
-    finally:
-        engine.shutdown(1.0)
 
 
 def test_seeded_hit_equals_recompute(model, redis_server):  # noqa: F811
-    engine = make(model, redis_server, first_use=True)
-    try:
+    with running(model, redis_server, first_use=True) as engine:
         prompt = [1, 5, 9, 33, 7]
         kw = dict(temperature=0.9, seed=7, top_k=50, max_tokens=10)
         serve(engine, prompt, **kw)
@@ -153,57 +145,43 @@ def test_seeded_hit_equals_recompute(model, redis_server):  # noqa: F811
         hit5 = serve(engine, prompt, **{**kw, "max_tokens": 5})
         fresh5 = serve(engine, prompt, cache="kv-only", **{**kw, "max_tokens": 5})
         assert hit5.tokens == fresh5.tokens
-    finally:
-        engine.shutdown(1.0)
 
 
 def test_sampled_never_cached(model, redis_server):  # noqa: F811
-    engine = make(model, redis_server, first_use=True)
-    try:
+    with running(model, redis_server, first_use=True) as engine:
         prompt = [1, 5, 9, 33, 7]
         for _ in range(3):
             serve(engine, prompt, temperature=0.9, max_tokens=5)
         engine.responses.drain_writes()
         s = engine.responses.cache.snapshot()
         assert s["stores"] == 0 and s["hits"] == 0 and engine.stats.finished.get("cached", 0) == 0
-    finally:
-        engine.shutdown(1.0)
 
 
 def test_tenants_apart(model, redis_server):  # noqa: F811
-    engine = make(model, redis_server, first_use=True)
-    try:
+    with running(model, redis_server, first_use=True) as engine:
         prompt = [1, 5, 9, 33, 7]
         serve(engine, prompt, tenant="a")
         engine.responses.drain_writes()
         serve(engine, prompt, tenant="b")
         assert engine.stats.finished.get("cached", 0) == 0
-    finally:
-        engine.shutdown(1.0)
 
 
 def test_warmup_publishes_a_block_l1_already_held_to_l3(model, redis_server):  # noqa: F811
     """A standard request keeps a 48-token prompt (3 full blocks) in L1 only (L3 writes on reuse); the
     warmup-tier request for the same prompt must publish all 3 blocks to L3 at once. Its lookup reaches
     only 2 of them (one token is left to compute), and _store returns early since L1 holds all three."""
-    engine = make(model, redis_server, l3=True)
-    prompt = P[:48]
-    try:
+    with running(model, redis_server, l3=True) as engine:
+        prompt = P[:48]
         serve(engine, prompt)
         serve(engine, prompt, tier="warmup", cache="refresh")
         assert engine.prefix_cache.l3._writes.drain()
         keys = engine.prefix_cache.chain_keys(prompt + [9], "default")
         assert engine.prefix_cache.l3.store.exists_chain(keys) == 3
-    finally:
-        engine.shutdown(1.0)
 
 
 def test_a_template_whose_blocks_l1_already_holds_is_pinned(model, redis_server):  # noqa: F811
-    engine = make(model, redis_server)
-    try:
+    with running(model, redis_server) as engine:
         serve(engine, P + [5])  # traffic stored P's 3 blocks before the (deferred) template ran
         engine.prefill_template(P, "default")
         keys = engine.prefix_cache.chain_keys(P + [5], "default")
         assert set(keys) <= engine.prefix_cache.pinned
-    finally:
-        engine.shutdown(1.0)

@@ -4,9 +4,7 @@ and a gauge whose message failed is set again."""
 
 from __future__ import annotations
 
-import sys
 import threading
-import types
 
 import pytest
 
@@ -84,36 +82,9 @@ def test_a_server_side_failure_in_submit_is_not_reported_as_the_clients_bad_inpu
     assert response.error().code() == ft.TritonError.INTERNAL, response.error().message()
 
 
-class Gauge:
-    def __init__(self):
-        self.value, self.fail_next = None, 0
-
-    def set(self, v):
-        if self.fail_next:
-            self.fail_next -= 1
-            raise RuntimeError("metric message failed")
-        self.value = v
-
-    increment = observe = set
-
-
 @pytest.fixture
 def observer(monkeypatch):
-    series = {}
-
-    class Family:
-        COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-
-        def __init__(self, name, description, kind):
-            self.name = name
-
-        def Metric(self, labels, **_):  # noqa: N802
-            return series.setdefault((self.name, tuple(sorted(labels.items()))), Gauge())
-
-    monkeypatch.setitem(
-        sys.modules, "triton_python_backend_utils", types.SimpleNamespace(MetricFamily=Family)
-    )
-    monkeypatch.delitem(sys.modules, "adapters.engine_metrics", raising=False)
+    series = ft.install_metrics(monkeypatch)
     from adapters.engine_metrics import TritonEngineObserver
     from engine.observer import GuardedObserver
 

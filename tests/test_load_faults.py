@@ -39,6 +39,16 @@ class NeverAnsweringClient:
         pass
 
 
+class Words:
+    """Prompts of n words, without the tokenizer a corpus needs."""
+
+    def __init__(self, *_a) -> None:
+        pass
+
+    def texts(self, lengths, rng):
+        return ["w " * n for n in lengths]
+
+
 def plan(n: int, tier: str = "standard", gap: float = 0.0) -> list[PlannedRequest]:
     return [PlannedRequest(i * gap, tier, "tenant-0", f"p{i}", 4, 4) for i in range(n)]
 
@@ -77,13 +87,6 @@ def test_cli_export_of_an_empty_plan_is_a_clear_error_not_a_traceback(tmp_path, 
     """--count 0 (or a --duration too short for any arrival) with --export-perf-analyzer: the export
     raises ValueError outside main's try, so the CLI dies with a traceback instead of exit 2."""
 
-    class Words:
-        def __init__(self, *_a) -> None:
-            pass
-
-        def texts(self, lengths, rng):
-            return ["w " * n for n in lengths]
-
     monkeypatch.setattr(load, "CorpusPrompts", Words)
     err = io.StringIO()
     argv = [
@@ -103,13 +106,6 @@ def test_cli_export_of_an_empty_plan_is_a_clear_error_not_a_traceback(tmp_path, 
 
 
 def test_cli_export_to_an_unwritable_path_is_a_clear_error(tmp_path, monkeypatch) -> None:
-    class Words:
-        def __init__(self, *_a) -> None:
-            pass
-
-        def texts(self, lengths, rng):
-            return ["w " * n for n in lengths]
-
     monkeypatch.setattr(load, "CorpusPrompts", Words)
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -153,13 +149,6 @@ def test_exports_pair_each_entry_with_its_own_arrival_for_an_unsorted_plan(tmp_p
 def test_cli_mix_weights_whose_sum_overflows_are_a_clear_error(monkeypatch) -> None:
     """--mix critical=1e308,batch=1e308: each weight is finite so TierMix accepts it, the sum is inf,
     every fraction 0, assign() returns 2 tiers for 20 requests and generate() dies with IndexError."""
-
-    class Words:
-        def __init__(self, *_a) -> None:
-            pass
-
-        def texts(self, lengths, rng):
-            return ["w " * n for n in lengths]
 
     monkeypatch.setattr(load, "CorpusPrompts", Words)
     argv = ["--count", "20", "--export-only", "--targets", "batch=100", "--mix", "critical=1e308,batch=1e308"]

@@ -9,45 +9,14 @@ import types
 
 import pytest
 
+from tests.fake_triton_backend import install_metrics
+
 from adapters.stub_messages import serialized_log
-
-
-class Recorder:
-    def __init__(self, family, labels, counter):
-        self.family, self.labels, self.counter, self.total = family, labels, counter, 0.0
-
-    def increment(self, v):
-        if self.counter and not v >= 0:  # Triton refuses negatives; NaN poisons a prometheus counter
-            raise ValueError(f"counter increment {v}")
-        self.total += v
-
-    def set(self, v):
-        self.total = v
-
-    def observe(self, v):
-        self.total += v
 
 
 @pytest.fixture
 def observer(monkeypatch):
-    series = {}
-
-    class FakeFamily:
-        COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-
-        def __init__(self, name, description, kind):
-            self.name, self.kind = name, kind
-
-        def Metric(self, labels, **_):  # noqa: N802
-            m = series[(self.name, tuple(sorted(labels.items())))] = Recorder(
-                self.name, labels, self.kind == "counter"
-            )
-            return m
-
-    monkeypatch.setitem(
-        sys.modules, "triton_python_backend_utils", types.SimpleNamespace(MetricFamily=FakeFamily)
-    )
-    monkeypatch.delitem(sys.modules, "adapters.engine_metrics", raising=False)
+    series = install_metrics(monkeypatch)
     from adapters.engine_metrics import TritonEngineObserver
 
     return TritonEngineObserver("llm_engine", threading.Lock()), series

@@ -5,56 +5,17 @@ engine's own JSON events are found in the server log."""
 from __future__ import annotations
 
 import json
-import sys
 import threading
-import types
 
 import pytest
 
 from tests.conftest import wait_for
-
-
-# ---------------------------------------------------------------- fake pb_utils.MetricFamily
-class Recorder:
-    def __init__(self, counter):
-        self.counter, self.total, self.fail_next = counter, 0.0, 0
-
-    def increment(self, v):
-        if self.fail_next:
-            self.fail_next -= 1
-            raise RuntimeError("metric message failed")  # an IPC round trip that failed
-        if self.counter and not v >= 0:
-            raise ValueError(f"counter increment {v}")
-        self.total += v
-
-    def set(self, v):
-        self.total = v
-
-    def observe(self, v):
-        self.total += v
+from tests.fake_triton_backend import install_metrics
 
 
 @pytest.fixture
 def fake_pb(monkeypatch):
-    series = {}
-
-    class FakeFamily:
-        COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-
-        def __init__(self, name, description, kind):
-            self.name, self.kind = name, kind
-
-        def Metric(self, labels, **_):  # noqa: N802
-            key = (self.name, tuple(sorted(labels.items())))
-            series.setdefault(key, Recorder(self.kind == "counter"))
-            return series[key]
-
-    monkeypatch.setitem(
-        sys.modules, "triton_python_backend_utils", types.SimpleNamespace(MetricFamily=FakeFamily)
-    )
-    monkeypatch.delitem(sys.modules, "adapters.engine_metrics", raising=False)
-    monkeypatch.delitem(sys.modules, "adapters.scheduler_metrics", raising=False)
-    return series
+    return install_metrics(monkeypatch)
 
 
 def _series(series, name, **labels):
