@@ -123,6 +123,12 @@ local function keeps()
   if not written or written < tonumber(ARGV[7]) then return false end
   return serves_more(redis.call('HGET', KEYS[2], ARGV[1]), ARGV[11], ARGV[10])
 end
+-- the stamp first: an INCR that fails (a damaged stamp) must leave nothing written, and no key without TTL
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  local now = redis.call('TIME')
+  redis.call('SET', KEYS[4], now[1] .. string.format('%06d', tonumber(now[2])))
+end
+redis.call('INCR', KEYS[4])
 local kept = keeps()
 if not kept then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -132,8 +138,13 @@ redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 local cap = tonumber(ARGV[8])
 local victims = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[7], 'LIMIT', 0, cap)
 local excess = math.min(redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[6]), cap)
-if excess > 0 then
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, excess - 1)) do table.insert(victims, id) end
+if excess > 0 then  -- the oldest, never the entry this store wrote (a tie, or a clock behind the others)
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, excess)) do
+    if excess > 0 and id ~= ARGV[1] then
+      table.insert(victims, id)
+      excess = excess - 1
+    end
+  end
 end
 local evicted = 0
 for _, id in ipairs(victims) do
@@ -141,11 +152,6 @@ for _, id in ipairs(victims) do
   redis.call('HDEL', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
 end
-if redis.call('EXISTS', KEYS[4]) == 0 then
-  local now = redis.call('TIME')
-  redis.call('SET', KEYS[4], now[1] .. string.format('%06d', tonumber(now[2])))
-end
-redis.call('INCR', KEYS[4])
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return {evicted, kept and 1 or 0}
 """
@@ -163,20 +169,20 @@ return {evicted, kept and 1 or 0}
 
 _DELETE_SCRIPT = """
 local read = redis.call('GET', KEYS[4])
-if (read or '') ~= ARGV[1] then return false end
+if (read or '') ~= ARGV[1] then return 0 end
 for i = 2, #ARGV do
   redis.call('HDEL', KEYS[1], ARGV[i])
   redis.call('HDEL', KEYS[2], ARGV[i])
   redis.call('ZREM', KEYS[3], ARGV[i])
 end
-if not read then return false end
+if not read then return -1 end
 return redis.call('INCR', KEYS[4])
 """
 # ARGV[1]: the stamp the entries were read at ('' for none). The entries are deleted only when nothing
 # moved it since: another replica may have stored a good entry under a bad one's id meanwhile, which must
-# stay. Then the new stamp is returned: the entries less the deleted ones are what Redis holds. Otherwise
-# (another write, or an erasure, after which no stamp is created) nil: the caller re-reads next time and
-# finds what is still bad.
+# stay. Then the new stamp is returned (the entries less the deleted ones are what Redis holds), or -1
+# when there is none (an erasure, after which no stamp is created: re-read next time). 0: nothing deleted,
+# the stamp moved; the caller re-reads next time and finds, and counts, what is still bad.
 
 
 class Embedder(Protocol):
@@ -1369,14 +1375,15 @@ class SemanticResponseCache(RedisCacheBase):
         self.breaker.record_success()
         tm, bad, incomplete = self._build_matrix(tenant, version, embs, docs, dict(ages))
         if bad:
-            self._count("incomplete", incomplete)
-            self._count("corrupt", len(bad) - incomplete)
             try:
-                stamp = self._delete_script(keys=keys, args=[version or b"", *bad])
-                tm.version = None if stamp is None else str(int(stamp)).encode()  # None: re-read next time
+                stamp = int(self._delete_script(keys=keys, args=[version or b"", *bad]))
             except self._redis_errors:
                 self._fail()
-                tm.version = None
+                stamp = 0
+            if stamp:  # deleted: counted once (a refused delete is found, and counted, by the next read)
+                self._count("incomplete", incomplete)
+                self._count("corrupt", len(bad) - incomplete)
+            tm.version = str(stamp).encode() if stamp > 0 else None  # None: re-read next time
         with self._lock:
             self._matrices[tenant] = tm
             self._matrices.move_to_end(tenant)

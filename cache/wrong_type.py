@@ -17,7 +17,10 @@ def holds_another_type(exc: BaseException) -> bool:
 
 def is_wrong_type(exc: BaseException) -> bool:
     """Whether `exc` is Redis refusing a command for the type or the contents of a key."""
-    return holds_another_type(exc) or "not an integer or out of range" in str(exc)
+    message = str(exc)
+    return (
+        holds_another_type(exc) or "not an integer or out of range" in message or "would overflow" in message
+    )
 
 
 # Delete KEYS[1] when it holds a type other than ARGV[1] ('string', 'zset', ...): a value damaged or

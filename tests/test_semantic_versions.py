@@ -75,10 +75,12 @@ def with_a_bad_entry(cache: SemanticResponseCache, tenant: str) -> None:
 
 
 def before_cleanup(cache: SemanticResponseCache, action) -> None:
-    """Run `action` (another replica's write) between `cache`'s read of the tenant and its cleanup."""
+    """Run `action` (another replica's write) between `cache`'s next read of the tenant and its cleanup;
+    later cleanups run as they are."""
     real = cache._delete_script
 
     def delete_script(keys, args):
+        cache._delete_script = real
         action()
         return real(keys=keys, args=args)
 
@@ -92,8 +94,9 @@ def test_an_entry_stored_during_a_cleanup_is_seen(replicas):
         a, lambda: b.store("How do I track my package?", tenant, GREEDY, answer("track"), embedding=vec(7))
     )
     a.lookup(RESET, tenant, GREEDY, embedding=vec(0))
-    assert a.snapshot()["incomplete"] + a.snapshot()["corrupt"] == 1
     assert a.lookup("How do I track my package?", tenant, GREEDY, embedding=vec(7)).answer == answer("track")
+    # the bad entry is counted once, by the read whose cleanup deleted it (the first was refused)
+    assert a.snapshot()["incomplete"] + a.snapshot()["corrupt"] == 1
 
 
 def test_an_erasure_during_a_cleanup_leaves_nothing_served_and_no_stamp_without_ttl(replicas):
