@@ -9,19 +9,20 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+STOP_POLL_S = 0.05  # how often a closed writer whose stop entry found no room looks for what is left
 
 
 class WriteBehind(Generic[T]):
     def __init__(self, write: Callable[[T], None], name: str, backlog: int = 256):
         self._write = write
         self._items: queue.Queue[tuple[T] | None] = queue.Queue(maxsize=backlog)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
         self._closed = False
         self._lock = threading.Lock()  # `submit` against `close`: nothing lands behind the stop entry
         self.dropped = 0
         self.failed = 0  # writes that raised: skipped, the writer carries on
         self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
     def submit(self, item: T) -> bool:
         """Queue `item`; when the writer has fallen behind, or has been closed (a hit's renewal answered
@@ -48,22 +49,26 @@ class WriteBehind(Generic[T]):
         return True
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Finish what is queued, then stop; gives up after `timeout_s` (a writer stuck on a slow Redis
-        must not hold the engine's shutdown: the thread is a daemon), and what it left is counted dropped."""
+        """Finish what is queued, then stop; waits at most `timeout_s` (a writer stuck on a slow Redis must
+        not hold the engine's shutdown: the thread is a daemon). A writer it gave up on still writes what
+        is queued when its stuck write returns, then stops; nothing is counted dropped that gets written.
+        A second call does nothing."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
         try:
             self._items.put(None, timeout=timeout_s)
-        except queue.Full:
-            self.dropped += self._items.qsize()
+        except queue.Full:  # the writer stops on its own once it has emptied the queue
             return
         self._thread.join(timeout=timeout_s)
-        if self._thread.is_alive():
-            self.dropped += max(0, self._items.qsize() - 1)  # less the stop entry
 
     def _run(self) -> None:
         while True:
-            entry = self._items.get()
+            try:  # closed with the queue too full for the stop entry: stop once nothing is left
+                entry = self._items.get(timeout=STOP_POLL_S if self._closed else None)
+            except queue.Empty:
+                return
             try:
                 if entry is None:  # the stop entry, done too: a drain after close does not wait for it
                     return
