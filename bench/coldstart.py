@@ -146,6 +146,7 @@ def run_config(args: argparse.Namespace, model_dir: Path, warmup: bool, lengths:
             for _ in range(args.idle_steady if args.idle_s > 0 else 0):
                 time.sleep(args.idle_s)
                 item.idle_steady_ms.append(probe.first_token_ms(prompts.make(tokens))[0])
+            engine.mean_ms_since_last()  # closes the window: the next length's first request stands alone
             result.lengths.append(item)
             progress(
                 f"warmup {label}: {tokens:>5} tokens first {first:8.2f} ms  "

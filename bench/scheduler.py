@@ -410,8 +410,14 @@ def _pct(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.1%}"
 
 
+def _seeds_measured(run: RunResult) -> list[float]:
+    """Each seed's critical attainment, less the seeds that sent no critical request (NaN): min and max of
+    a list holding NaN depend on where it sits."""
+    return [v for v in run.critical_attainment_by_seed.values() if not math.isnan(v)]
+
+
 def _seed_range(run: RunResult) -> str:
-    values = [v for v in run.critical_attainment_by_seed.values() if not math.isnan(v)]
+    values = _seeds_measured(run)
     return f"{min(values):.0%}-{max(values):.0%}" if values else "-"
 
 
@@ -500,8 +506,8 @@ def plot(by_policy: dict[str, list[RunResult]], capacity: float | None, target_m
         x = [r.rate for r in runs]
         marker = markers.get(policy, ".")
         line = ax1.plot(x, [100 * r.critical_attainment for r in runs], marker=marker, label=policy)[0]
-        low = [100 * min(r.critical_attainment_by_seed.values()) for r in runs]
-        high = [100 * max(r.critical_attainment_by_seed.values()) for r in runs]
+        low = [100 * min(_seeds_measured(r), default=math.nan) for r in runs]
+        high = [100 * max(_seeds_measured(r), default=math.nan) for r in runs]
         ax1.fill_between(x, low, high, color=line.get_color(), alpha=0.12)
         ax2.plot(
             x, [r.tiers["critical"].ttft_p95_ms if "critical" in r.tiers else float("nan") for r in runs],
