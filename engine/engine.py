@@ -61,6 +61,7 @@ class _Active:
     position: int = 0
     done: str | None = None
     preemptions: int = 0
+    expires_ns: int = 0  # suspended: when it expires unresumed (monotonic clock, the queue's)
 
     @property
     def tier(self) -> str:
@@ -623,8 +624,13 @@ class Engine:
         if not running:
             return None
         prefill_s = len(head.prompt_ids) / self.prefill_rate.get(5000.0)
+        deadline_ns = head.deadline_ns
+        if (suspended := self._suspended.get(head.request_id)) is not None:
+            # its first token went long ago: what it can still miss is its expiry, not that deadline (past,
+            # it made every resuming head preempt the next lower tier, one urgent arrival a chain of them)
+            deadline_ns = time.time_ns() + max(0, suspended.expires_ns - time.monotonic_ns())
         slot = self.preemption.victim(
-            Contender(head.priority, head.deadline_ns, prefill_s),
+            Contender(head.priority, deadline_ns, prefill_s),
             running,
             self.decode_step_s.get(0.02),
             time.time_ns(),
@@ -646,7 +652,7 @@ class Engine:
         self.observer.on_preemption(state.tier)
         self._release(state)
         self._suspended[state.request.request_id] = state
-        expires = self.policy_queue.push(state.request, requeue=True)
+        state.expires_ns = expires = self.policy_queue.push(state.request, requeue=True)
         self._next_expiry_ns = min(self._next_expiry_ns, expires)
 
     @staticmethod
