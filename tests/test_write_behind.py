@@ -66,9 +66,8 @@ def test_an_item_handed_over_after_close_is_counted_dropped_not_lost():
     assert writer.drain(1.0) and time.monotonic() - began < 0.5 and written == [1]
 
 
-def test_a_close_that_gives_up_counts_nothing_dropped_that_is_then_written():
-    """Queue not full: the stop entry goes in, the join times out; the entries behind the stuck write were
-    counted dropped, then written all the same (found in review, 2026-12-07)."""
+def stuck_writer(backlog: int) -> tuple[WriteBehind[int], list[int], threading.Event]:
+    """A writer stuck on its first item (a slow Redis) until the event returned is set."""
     writing, release = threading.Event(), threading.Event()
     written: list[int] = []
 
@@ -78,8 +77,15 @@ def test_a_close_that_gives_up_counts_nothing_dropped_that_is_then_written():
             release.wait(30)
         written.append(item)
 
-    writes = WriteBehind(write, "slow-writer", backlog=8)
+    writes = WriteBehind(write, "stuck-writer", backlog=backlog)
     assert writes.submit(0) and writing.wait(5)
+    return writes, written, release
+
+
+def test_a_close_that_gives_up_counts_nothing_dropped_that_is_then_written():
+    """Queue not full: the stop entry goes in, the join times out; the entries behind the stuck write were
+    counted dropped, then written all the same (found in review, 2026-12-07)."""
+    writes, written, release = stuck_writer(backlog=8)
     for item in (1, 2, 3):
         assert writes.submit(item)
     writes.close(timeout_s=0.2)
@@ -93,17 +99,7 @@ def test_a_close_that_gives_up_counts_nothing_dropped_that_is_then_written():
 def test_a_close_that_gives_up_on_a_full_queue_still_stops_the_writer():
     """Queue full: no stop entry could be queued; the thread, once its stuck write returned, used to wait on
     the empty queue for good (found in review, 2026-12-07)."""
-    writing, release = threading.Event(), threading.Event()
-    written: list[int] = []
-
-    def write(item: int) -> None:
-        if item == 0:
-            writing.set()
-            release.wait(30)
-        written.append(item)
-
-    writes = WriteBehind(write, "stuck-full", backlog=2)
-    assert writes.submit(0) and writing.wait(5)
+    writes, written, release = stuck_writer(backlog=2)
     assert writes.submit(1) and writes.submit(2)
     writes.close(timeout_s=0.2)
     release.set()
