@@ -41,6 +41,7 @@ LORA_TARGETS = (
     "intermediate.dense",
     "output.dense",
 )
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")  # what a fit writes (torch is imported lazily)
 MAX_PAIR_TOKENS = 512  # BERT's position table; each question is within the embedder's 256
 
 
@@ -147,9 +148,14 @@ class PairClassifierFile:
             raise ValueError(f"{path}: malformed rank/alpha metadata ({exc})") from exc
         if rank <= 0 or not math.isfinite(alpha):
             raise ValueError(f"{path}: rank must be positive and alpha finite, got {rank}, {alpha}")
-        bad = [k for k, t in tensors.items() if not (t.is_floating_point() and bool(torch.isfinite(t).all()))]
+        # the dtypes a fit writes, checked before isfinite (which float8 does not implement)
+        bad = [
+            k
+            for k, t in tensors.items()
+            if str(t.dtype).removeprefix("torch.") not in WEIGHT_DTYPES or not bool(torch.isfinite(t).all())
+        ]
         if bad:
-            raise ValueError(f"{path}: tensors {bad[:3]} are not finite floating-point values")
+            raise ValueError(f"{path}: tensors {bad[:3]} are not finite float32/float16/bfloat16 values")
         return cls(
             tensors,
             rank,

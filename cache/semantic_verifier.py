@@ -105,6 +105,12 @@ class Verifier:
         values = (*self.mean, *self.scale, *self.weights, self.bias, self.p_min, self.low_threshold)
         if not all(math.isfinite(v) for v in values) or min(self.scale) <= 0:
             raise ValueError("verifier parameters must be finite, scales positive")
+        # a cut of 0 accepts every candidate of the lower band, one of 1 none
+        if not 0.0 < self.p_min < 1.0 or not 0.0 <= self.low_threshold <= 1.0 or self.min_entries < 1:
+            raise ValueError(
+                f"verifier cut p_min in (0, 1), low_threshold in [0, 1] and min_entries >= 1, got "
+                f"{self.p_min}, {self.low_threshold}, {self.min_entries}"
+            )
 
     def probability(self, x: np.ndarray) -> float:
         z = (np.asarray(x, dtype=np.float64) - np.asarray(self.mean)) / np.asarray(self.scale)
@@ -130,7 +136,9 @@ class Verifier:
         Path(path).write_text(self.to_json(), encoding="utf-8")
 
     @classmethod
-    def from_dict(cls, d: dict) -> Verifier:
+    def from_dict(cls, d: object) -> Verifier:
+        if not isinstance(d, dict):
+            raise ValueError(f"malformed verifier file: a JSON object expected, got {type(d).__name__}")
         if d.get("format") != FORMAT or d.get("version") != VERSION:
             raise ValueError(
                 f"not a {FORMAT} v{VERSION} file (format {d.get('format')!r}, version {d.get('version')!r})"
@@ -147,12 +155,16 @@ class Verifier:
                 features=tuple(d["features"]),
                 fitted_on=str(d.get("fitted_on", "")),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, OverflowError) as exc:  # OverflowError: int() of 1e400 (infinity)
             raise ValueError(f"malformed verifier file: {exc}") from exc
 
     @classmethod
     def load(cls, path: Path = DEFAULT_WEIGHTS) -> Verifier:
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        """ValueError (naming `path`) for a file that is not a verifier's; OSError when it cannot be read."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{path}: {exc}") from exc
 
 
 def fit(

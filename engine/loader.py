@@ -331,7 +331,9 @@ def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], st
             tenant = validate_tenant(entry.get("tenant"))
             prefixes.append((tokenizer.encode(text).ids, tenant))
         return prefixes, []
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError, RequestError) as exc:
+    except (
+        OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError, RequestError, RecursionError
+    ) as exc:  # fmt: skip
         return [], [{"stage": "prefix_templates", "error": f"{path}: {type(exc).__name__}: {exc}"}]
 
 
