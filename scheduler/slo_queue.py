@@ -284,7 +284,11 @@ class SloQueue(Generic[T]):
         now = self._clock() if now_ns is None else int(now_ns)
         seq = self._next_seq
         self._next_seq += 1
-        key = seq if key is None else key
+        if key is None:  # the sequence number, unless a caller gave it as a key of its own
+            while seq in self._live:
+                seq = self._next_seq
+                self._next_seq += 1
+            key = seq
         if key in self._live:
             raise ValueError(f"key {key!r} is already queued; keys must be unique among queued items")
         entry = SloEntry(priority, int(deadline_ns), seq, key, item, expires_ns, tenant, cost, now)

@@ -74,7 +74,10 @@ def _geometric_fill(low: int, high: int, max_ratio: float, align: int) -> list[i
     """Buckets after `low` up to `high`, evenly spaced on a log scale, neighbours <= max_ratio apart
     (before alignment), so short prompts below the p50 cut are not all padded up to it."""
     steps = max(1, math.ceil(math.log(high / low) / math.log(max_ratio) - 1e-9))
-    return [_align(round(low * (high / low) ** (i / steps)), align) for i in range(1, steps)] + [high]
+    # at most `high`: an unaligned max_len would otherwise be passed by the bucket rounded up before it
+    return [min(high, _align(round(low * (high / low) ** (i / steps)), align)) for i in range(1, steps)] + [
+        high
+    ]
 
 
 def predict_reserve(
