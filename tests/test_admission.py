@@ -123,4 +123,5 @@ def test_a_refusal_with_an_unmeasured_decode_time_still_says_when_to_retry():
     controller = AdmissionController(TierTable.defaults())
     load = EngineLoad(1, 1, 1000.0, float("nan"), queued_requests={"batch": 1}, mean_remaining_decode_steps=5)
     decision = controller.check("batch", 10, load, 0)
-    assert decision.error is None or decision.retry_after_s >= 0
+    assert not decision.admitted and decision.error is not None and decision.error.code == "UNAVAILABLE"
+    assert decision.retry_after_s is not None and decision.retry_after_s > 0

@@ -299,8 +299,16 @@ def test_a_kv_only_request_reuses_the_prefix_but_is_never_answered_from_the_resp
     # the answer is written in the background: poll until an identical `use` request is a hit
     assert wait_for(lambda: generate(grpc_url, prompt, sampling=sampling, tenant="kv-only").text == first.text
                     and counters()[0] > cached_before)  # fmt: skip
-    time.sleep(1.1)  # the engine publishes prefix counters at most once a second: let the misses' land
-    generate(grpc_url, "flush", sampling={"max_tokens": 1}, tenant="kv-only-flush")
+    # the engine publishes prefix counters at most once a second: the baseline is taken once two readings
+    # a publish period apart (a request in between, which makes it publish) agree
+    readings: list[float] = []
+
+    def settled() -> bool:
+        generate(grpc_url, "flush", sampling={"max_tokens": 1}, tenant="kv-only-flush")
+        readings.append(counters()[1])
+        return len(readings) > 1 and readings[-1] == readings[-2]
+
+    assert wait_for(settled, 30, interval_s=1.1)
     cached, reused = counters()
 
     def reuses_without_the_response_cache() -> bool:  # prefix counters are published once a second
