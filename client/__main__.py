@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -26,7 +27,7 @@ from client.generate import GenerationError, GenerationResult, generate
 from client.metrics import scrape_metrics
 from client.prime import PrimeConfig, prime, prime_once
 from scheduler.errors import RequestError
-from scheduler.messages import CACHE_MODES
+from scheduler.messages import CACHE_MODES, utf8_encodable
 from scheduler.tenant_auth import (
     ANONYMOUS_ENV,
     DEFAULT_TENANT,
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-stream", dest="stream", action="store_false", help="one response, not pieces")
     gen.add_argument("--exclude-input", dest="exclude_input_in_output", action="store_true", default=None,
                      help="send exclude_input_in_output=true")  # fmt: skip
-    gen.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default: %(default)s)")
+    gen.add_argument("--timeout", type=seconds, default=120.0, help="seconds to wait (default: %(default)s)")
     warm = commands.add_parser(
         "warmup",
         help="fill the caches from a query log (--log) or re-warm the engine (--rewarm)",
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "prints the cache tiers from there once it has sent its requests (only when given)",
     )
     warm.add_argument("--model", help="model: llm_engine to re-warm, llm (the ensemble) to send the job to")
-    warm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default: %(default)s)")
+    warm.add_argument("--timeout", type=seconds, default=600.0, help="seconds to wait (default: %(default)s)")
     job = warm.add_argument_group("job mode (with --log only)")
     job.add_argument("--templates", type=Path, help="YAML of SLO-sensitive scenario templates")
     job.add_argument("--top-percent", type=float, help="top share of prompts by frequency (default 5)")
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     primer.add_argument("--url", help=URL_OPTION_HELP)
     primer.add_argument("--model", default="llm", help="model to prime (default: %(default)s)")
     primer.add_argument("--marker", type=Path, help="file written once primed; present: prime no more")
-    primer.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default: 60)")
+    primer.add_argument("--timeout", type=seconds, default=60.0, help="seconds per request (default: 60)")
     primer.add_argument(
         "--drain-file",
         type=Path,
@@ -197,6 +198,9 @@ def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     secret = os.environ.get(SECRET_ENV, "")
     if not secret:
         print(f"error: {SECRET_ENV} is not set: set it to the servers' secret", file=err)
+        return 2
+    if not utf8_encodable(secret):
+        print(f"error: {SECRET_ENV} is not UTF-8 text: tokens are signed with its UTF-8 bytes", file=err)
         return 2
     try:
         tenant = validate_tenant(args.tenant)
@@ -363,6 +367,19 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     )  # fmt: skip
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (a NaN timeout made every wait return at once)."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def is_ascii_int(text: str) -> bool:
+    """Digits int() reads: "²".isdigit() is True, and int("²") raises."""
+    return text.isascii() and text.isdigit()
+
+
 def check_warmup_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Job options make no sense with --rewarm; say so instead of ignoring them."""
     if args.rewarm:
@@ -370,9 +387,9 @@ def check_warmup_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         if given:
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             parser.error(f"{flags} only apply to the warmup job (--log), not to --rewarm")
-    if args.clusters not in (None, "auto") and not (args.clusters.isdigit() and int(args.clusters) >= 1):
+    if args.clusters not in (None, "auto") and not (is_ascii_int(args.clusters) and int(args.clusters) >= 1):
         parser.error(f"--clusters must be 'auto' or a positive integer, got {args.clusters!r}")
-    if args.max_items not in (None, "none") and not args.max_items.isdigit():
+    if args.max_items not in (None, "none") and not is_ascii_int(args.max_items):
         parser.error(f"--max-items must be 'none' or an integer >= 0, got {args.max_items!r}")
 
 
@@ -427,6 +444,9 @@ def resolve_default_urls(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for name in ("url", "model", "metrics_url"):  # gRPC encodes them: a shell's non-UTF-8 bytes raise there
+        if not utf8_encodable(getattr(args, name, None) or ""):
+            parser.error(f"--{name.replace('_', '-')} is not UTF-8 text")
     resolve_default_urls(args)
     out = out or sys.stdout
     err = err or sys.stderr

@@ -526,6 +526,8 @@ class SendConfig:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+        if not (utf8_encodable(self.url or "") and utf8_encodable(self.model or "")):  # gRPC encodes them
+            raise ValueError("url and model must be UTF-8 text")
 
     def sampling(self) -> dict[str, object]:
         return {"max_tokens": self.max_tokens, "temperature": 0.0 if self.fill_response_cache else 1.0}
@@ -661,7 +663,10 @@ def token_counter(tokenizer: Path | None) -> TokenCounter:
         return utf8_token_bound
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tokenizer))
+    try:
+        tok = Tokenizer.from_file(str(tokenizer))
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot read
+        raise ValueError(f"cannot read tokenizer {tokenizer}: {exc}") from exc
     return lambda text: len(tok.encode(text).ids)
 
 
