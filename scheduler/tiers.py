@@ -117,11 +117,6 @@ class TierTable:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate tier names: {', '.join(dupes)}")
-        # the queue keeps a tier's weight and length limit by priority: two tiers at one priority would
-        # share them, and feedback meant for one would set the other's
-        shared = sorted({t.priority for t in ordered if sum(u.priority == t.priority for u in ordered) > 1})
-        if shared:
-            raise ValueError(f"each tier needs a priority of its own; shared: {shared}")
         if self.default_name not in names:
             raise ValueError(
                 f"default tier {self.default_name!r} is not defined; defined: {', '.join(names)}"

@@ -1,11 +1,8 @@
 """Scheduler edges found in review (2026-12-07): warm-up buckets past an unaligned max_len, a generated
-queue key taken by a caller's, two tiers at one priority."""
+queue key taken by a caller's."""
 
 from __future__ import annotations
 
-import dataclasses
-
-import pytest
 
 from scheduler.slo_queue import SloQueue
 from scheduler.tiers import TierTable
@@ -29,10 +26,3 @@ def test_push_without_key_is_not_refused_by_an_explicit_key_of_another_item() ->
     queue.push("a", 3, 0, key=1)  # the caller's key
     queue.push("b", 3, 0)  # no key: "a fresh sequence number"; the queue has room
     assert len(queue) == 2
-
-
-def test_two_tiers_at_one_priority_are_refused() -> None:
-    """The queue keeps weights and length limits by priority: feedback for one tier set the other's."""
-    standard = TierTable.defaults().get("standard")
-    with pytest.raises(ValueError, match="priority of its own"):
-        TierTable((standard, dataclasses.replace(standard, name="bulk")), "standard")
