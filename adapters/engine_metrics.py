@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import threading
+from functools import partial
 
 import triton_python_backend_utils as pb_utils
 

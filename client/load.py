@@ -15,14 +15,13 @@ to retry).
 
 from __future__ import annotations
 
-from collections import deque
-
 import argparse
 import json
 import math
 import re
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path

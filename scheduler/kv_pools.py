@@ -10,9 +10,8 @@ longer pools but never the other way, and the longest class always has a slot.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 

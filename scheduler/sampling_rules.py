@@ -34,11 +34,7 @@ def _show(value: object) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+    return text if utf8_encodable(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _int_in(name: str, value: Any, low: int, high: int | None) -> int:
