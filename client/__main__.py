@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -48,6 +47,7 @@ from client.stack_defaults import (
     signing_for,
 )
 from client.warmup_job import JobOptions, SelectionConfig, SendConfig, run_job
+from deploy.arg_types import seconds
 
 URL_OPTION_HELP = f"Triton gRPC address ({URL_HELP} {FALLBACK_GRPC_URL})"
 METRICS_OPTION_HELP = f"Triton's metrics ({URL_HELP} {FALLBACK_METRICS_URL})"
@@ -365,14 +365,6 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         tenant_field=args.tenant_field or "tenant", tokenizer=args.tokenizer, dry_run=bool(args.dry_run),
         metrics_url=args.metrics_url,
     )  # fmt: skip
-
-
-def seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0 (a NaN timeout made every wait return at once)."""
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
-    return value
 
 
 def is_ascii_int(text: str) -> bool:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cache.response_cache import redact_url
+from deploy.arg_types import seconds
 from deploy.processes import same_process
 from deploy.stack_secret import provide_tenant_secret
 from scheduler.tenant_auth import SECRET_ENV
@@ -204,6 +205,7 @@ def render_repository(
             params["EXECUTION_ENV_PATH"] = str(text_env)
         cfg = dst / name / "config.pbtxt"
         text = cfg.read_text()
+        cfg.chmod(0o600)  # before the write: its parameters may hold credentials (a redis_url's password)
         if strip_model_warmup:
             text = remove_model_warmup(text)
         if params:
@@ -347,7 +349,7 @@ class Stack:
             "grpc_url": self.grpc_url,
             "http_url": self.http_url,
             "metrics_url": self.metrics_url,
-            "redis_url": self.redis_url,
+            "redis_url": redact_url(self.redis_url),  # readable by others: no credentials
             "pids": self.pids,
             "create_times": self.create_times,
             "run_dir": str(self.run_dir),
@@ -403,8 +405,8 @@ class Stack:
     def stop(self, timeout_s: float = 30.0, drain_timeout_s: float = 30.0) -> None:
         """Drain (see `drain`), then SIGTERM tritonserver (it unloads models), then Redis; SIGKILL
         whatever outlives the timeout."""
-        if drain_timeout_s > 0 and "tritonserver" in self.pids:
-            self.drain(drain_timeout_s)
+        if drain_timeout_s > 0 and self._running("tritonserver"):
+            self.drain(drain_timeout_s)  # only our server: another may hold a stale record's port now
         for name in ("tritonserver", "redis"):
             if name in self.pids:
                 _terminate(
@@ -425,6 +427,15 @@ class Stack:
         self.drain_file.unlink(missing_ok=True)
         if self.tenant_secret_file is not None:
             self.tenant_secret_file.unlink(missing_ok=True)
+
+    def _running(self, name: str) -> bool:
+        """Whether the recorded process `name` still runs (and is that process, not a reused pid)."""
+        if name not in self.pids:
+            return False
+        proc = self._procs.get(name)
+        if proc is not None:
+            return proc.poll() is None
+        return same_process(self.pids[name], self.create_times.get(name))
 
     def __enter__(self) -> Stack:
         return self
@@ -676,6 +687,8 @@ def start_stack(opts: StackOptions) -> Stack:
     backend_dir = opts.backend_dir or _default_backend_dir()
     if not Path(tritonserver).is_file():
         raise StackError(f"tritonserver not found at {tritonserver}; run `make setup`")
+    if not os.access(tritonserver, os.X_OK):
+        raise StackError(f"tritonserver at {tritonserver} is not executable; run `make setup`")
 
     ports = _free_ports(4)
     grpc_port = opts.grpc_port or ports[0]
@@ -852,7 +865,7 @@ def _wait_ready(stack: Stack, triton: subprocess.Popen, opts: StackOptions) -> N
         if all(http_ready(stack.http_port, p) for p in paths):
             break
         now = time.monotonic()
-        if now - t0 > opts.ready_timeout_s:
+        if not now - t0 <= opts.ready_timeout_s:  # NaN: given up on, never waited on for good
             raise StackError(
                 f"tritonserver not ready after {opts.ready_timeout_s:.0f} s; last "
                 f"{LOG_TAIL_LINES} lines of {stack.triton_log}:\n{_tail(stack.triton_log)}"
@@ -923,7 +936,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-port", type=int, default=0)
     ap.add_argument("--metrics-port", type=int, default=0)
     ap.add_argument("--ready-model", action="append", default=None, help="models to wait for (default llm)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="readiness timeout in seconds")
+    ap.add_argument("--timeout", type=seconds, default=300.0, help="readiness timeout in seconds")
     ap.add_argument("--log-verbose", type=int, default=0)
     ap.add_argument(
         "--no-prime", action="store_true", help="report the stack up without priming (client/prime.py)"
@@ -955,7 +968,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         stack = start_stack(opts)
-    except (StackError, ValueError) as e:
+    except (StackError, ValueError, OSError) as e:  # OSError: a run dir that cannot be made or written
         print(f"[launch] error: {e}", file=sys.stderr)
         return 1
     if not a.foreground:
