@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from engine.cache_sizing import CacheRequest, parse_memory
 from scheduler.sampling_rules import DEFAULT_MAX_NEW_TOKENS
+from scheduler.tokenize import PROMPT_SPECIAL_TOKENS
 
 _ENV_REF = re.compile(r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?\}$")
 
@@ -141,6 +142,7 @@ class EngineConfig:
     semantic_lookup_threads: int = 4
     prefill_templates: str = ""
     prefill_budget_s: float = 0.3
+    prompt_special_tokens: str = "text"  # as the scheduler step's: how templates read "</s>" in their text
     redis_url: str = ""
     redis_key_directory: bool = True  # know locally which keys Redis holds: a miss costs no round trip
     redis_key_directory_max_keys: int = 1_000_000  # per namespace; ~175 bytes a key in the engine process
@@ -191,6 +193,11 @@ class EngineConfig:
             raise ValueError(f"parameter device={self.device!r}; allowed: cpu, cuda, cuda:N")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"parameter dtype={self.dtype!r}; allowed: float32, float16, bfloat16")
+        if self.prompt_special_tokens not in PROMPT_SPECIAL_TOKENS:
+            raise ValueError(
+                f"parameter prompt_special_tokens={self.prompt_special_tokens!r}; allowed: "
+                + ", ".join(PROMPT_SPECIAL_TOKENS)
+            )
         if self.max_batch_size < 1 or self.max_seq_len < 2:
             raise ValueError("max_batch_size must be >= 1 and max_seq_len >= 2")
         if self.prefix_cache_blocks < 0 or self.l2_cache_blocks < 0:

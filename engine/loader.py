@@ -42,6 +42,7 @@ from scheduler.preemption import PreemptionPolicy
 from scheduler.errors import RequestError
 from scheduler.tenant_auth import SECRET_ENV, TRUST_ENV, TenantAuth
 from scheduler.tiers import TierTable
+from scheduler.tokenize import treat_special_tokens
 from scheduler.validation import validate_tenant
 from scheduler.warmup_planner import BucketPlan, plan_buckets, predict_reserve
 
@@ -313,14 +314,19 @@ def build_prefix_cache(
     return cache
 
 
-def load_templates(path: str, model_dir: Path) -> tuple[list[tuple[list[int], str]], list[dict]]:
+def load_templates(
+    path: str, model_dir: Path, special_tokens: str = "text"
+) -> tuple[list[tuple[list[int], str]], list[dict]]:
     """Hot prefixes from a YAML file ({templates: [{text, tenant}]}) as (token ids, tenant), in file
-    order (= priority). A missing or malformed file is a warmup failure, never a load failure."""
+    order (= priority). A missing or malformed file is a warmup failure, never a load failure.
+    `special_tokens`: how the scheduler step reads special tokens spelled in prompt text
+    (`prompt_special_tokens`): a template is tokenized as the requests it serves, or it never hits."""
     if not path:
         return [], []
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        treat_special_tokens(tokenizer, special_tokens)
         prefixes = []
         for entry in data.get("templates", []):
             text = entry["text"]
@@ -413,7 +419,9 @@ def load_engine(
     elif engine.tenant_auth.previous is not None:
         log("tenant tokens of the previous secret still pass: drop it once the tokens are reissued")
     fingerprint = serving_fingerprint(model_dir, max_len, config.dtype)
-    hot_prefixes, template_failures = load_templates(config.prefill_templates, model_dir)
+    hot_prefixes, template_failures = load_templates(
+        config.prefill_templates, model_dir, config.prompt_special_tokens
+    )
     compile_cache: CompileCache | None = None
     compile_failures: list[dict] = []
     if config.compile and config.warmup:
