@@ -26,5 +26,5 @@ def test_a_template_spelling_special_tokens_is_tokenized_as_a_request_is(tmp_pat
     path.write_text(f"templates:\n  - tenant: default\n    text: '{TEXT}'\n", encoding="utf-8")
     prefixes, failures = load_templates(str(path), MODEL_DIR)
     assert failures == []
-    (ids, tenant), = prefixes
+    ((ids, tenant),) = prefixes
     assert ids == request_ids(TEXT), "the template's blocks would be keyed under ids no request sends"
