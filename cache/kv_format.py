@@ -137,7 +137,7 @@ def encode_block(
             "raw_bytes": len(raw),
             "compression": "zlib" if compress else "none",
             "checksum": CHECKSUM_ALGORITHM,
-            "byteorder": "little",
+            "byteorder": sys.byteorder,  # the payload is the tensor's native bytes
         },
         sort_keys=True,
         separators=(",", ":"),

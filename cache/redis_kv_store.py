@@ -84,6 +84,13 @@ class ChainWrite:
     evicted: list[bytes]  # block keys the tenant's quota deleted, this write's own among them
 
 
+class Chain(list):
+    """`get_chain`'s blocks; `fetched`: how many values its round trip brought back (the leading run, and
+    any found past a gap or a bad value), what the round trip's time was spent moving."""
+
+    fetched: int = 0
+
+
 class _Unavailable:
     """Marks a Redis call that did not happen or failed (distinct from a None reply)."""
 
@@ -257,7 +264,8 @@ class RedisKVStore:
         values = self._call(lambda: self._mget(names))
         if isinstance(values, _Unavailable):
             return []
-        blocks: list[torch.Tensor] = []
+        blocks = Chain()
+        blocks.fetched = sum(value is not None for value in values)
         loaded = 0
         bad: tuple[str, bytes] | None = None
         missing: str | None = None
@@ -376,8 +384,9 @@ class RedisKVStore:
             result = op()
         except self._redis_errors as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
-            if write and self.full.refused(exc):
-                self.breaker.record_success()  # Redis answered: it is up, only full
+            # a read's script may write too (deleting a bad value): refused, it is a write refused
+            if self.full.refused(exc):
+                self.breaker.record_success()  # Redis answered: it is up, only full or read-only
                 return _UNAVAILABLE
             self.breaker.record_failure()
             with self._lock:

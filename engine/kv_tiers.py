@@ -161,8 +161,9 @@ class L3Tier:
             for key in keys[len(blocks) : available]:  # rejected (corrupt, incompatible) and deleted
                 self._known.pop(key)
             self.loaded_blocks += len(blocks)
-        if blocks:
-            self.cost.observe_load(len(blocks) * self.block_bytes, time.perf_counter() - started)
+        if blocks:  # the round trip moved every value it found, not only the leading run's
+            fetched = max(len(blocks), getattr(blocks, "fetched", 0))
+            self.cost.observe_load(fetched * self.block_bytes, time.perf_counter() - started)
         elif decision == "explore":
             self.cost.explored_nothing()
         return blocks, "loaded" if len(blocks) == available else "partial"
