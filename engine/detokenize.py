@@ -7,8 +7,14 @@ hold back a trailing incomplete character until a later response (or the final o
 Being stateless, any detokenizer instance can serve any response.
 
 Consistency across calls: the delta's start depends only on the last 3 bytes of the window's context
-(the tokens before `read_offset`). The engine's windows start at least 4 tokens before `read_offset`
-(or at 0), which covers them unless the context is mostly special tokens (they decode to nothing).
+(the tokens before `read_offset`). The engine's windows (`window_start`) start at least 4 tokens before
+`read_offset` (or at 0), and further back past tokens of fewer than 2 bytes, which covers them even
+where the context is mostly special tokens (they decode to nothing).
+
+Other tokenizers (sentencepiece: ByteFallback, Metaspace, Strip) are decoded as text, and a window is
+decoded as if it began the output: the engine starts a window cut mid-output on a token of 2+ bytes
+(never a byte-fallback or special token), so a cut never splits a byte run and the window's first
+token, whose leading space such decoders drop, is always context, decoded alike in both texts diffed.
 
 Runs in the numpy<2 text environment, which cannot import transformers: only `tokenizers` is used.
 """
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -25,6 +31,8 @@ from types import MappingProxyType
 from tokenizers import Tokenizer
 
 REPLACEMENT = "\ufffd"
+CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
+MAX_EXTRA_CONTEXT = 64  # how far `window_start` looks back past short tokens for a window's first token
 
 
 def _unicode_to_bytes() -> Mapping[str, int]:
@@ -96,23 +104,42 @@ def sanitize(data: bytes | bytearray) -> bytes:
     return bytes(data).decode("utf-8", errors="replace").encode("utf-8")
 
 
-def _is_byte_level(tokenizer: Tokenizer) -> bool:
+def window_start(output: Sequence[int], sent: int, token_bytes: Callable[[int], bytes]) -> int:
+    """Where the engine's streamed window over `output` starts when `output[:sent]` has been sent.
+
+    At least CONTEXT_TOKENS before `sent` (or 0), then back to a token of 2+ bytes: never a special
+    token (b""), a byte-fallback token (1 byte) or, conservatively, any other 1-byte token, so a
+    text-diff decode never sees a byte run cut by the window start, nor a new token as the window's first
+    decoded one (see the module doc). Looks back at most MAX_EXTRA_CONTEXT tokens further.
+    """
+    start = max(0, sent - CONTEXT_TOKENS)
+    floor = max(0, start - MAX_EXTRA_CONTEXT)
+    while start > floor and len(token_bytes(output[start])) < 2:
+        start -= 1
+    return start
+
+
+def _decoder_types(tokenizer: Tokenizer) -> list[str]:
+    """Types of the tokenizer's decoder, a Sequence's parts in order (empty without a decoder)."""
     decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
-    if decoder.get("type") == "ByteLevel":
-        return True
     if decoder.get("type") == "Sequence":
-        parts = decoder.get("decoders") or []
-        return bool(parts) and all(d.get("type") == "ByteLevel" for d in parts)
-    return False
+        return [str(d.get("type")) for d in decoder.get("decoders") or []]
+    return [str(decoder["type"])] if decoder.get("type") else []
+
+
+def _is_byte_level(tokenizer: Tokenizer) -> bool:
+    types = _decoder_types(tokenizer)
+    return bool(types) and all(t == "ByteLevel" for t in types)
 
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _approx_token_bytes(token: str) -> bytes:
+def _approx_token_bytes(token: str, byte_fallback: bool = True) -> bytes:
     """Bytes of one token of a non-byte-level tokenizer, for per-token consumers (stop strings):
-    ByteFallback <0xNN> is its byte, sentencepiece's U+2581 marker is a space."""
-    match = _BYTE_FALLBACK.fullmatch(token)
+    <0xNN> is its byte where the decoder has ByteFallback (else it decodes as its 6 characters),
+    sentencepiece's U+2581 marker is a space."""
+    match = _BYTE_FALLBACK.fullmatch(token) if byte_fallback else None
     if match:
         return bytes([int(match.group(1), 16)])
     return token.replace("\u2581", " ").encode("utf-8")
@@ -130,7 +157,7 @@ class TokenDecoder:
     tokenizer: Tokenizer
     id_bytes: tuple[bytes, ...]
     byte_level: bool
-    continuation_ids: frozenset[int] = frozenset()
+    byte_ids: frozenset[int] = frozenset()  # ByteFallback's <0xNN> tokens (text-diff decoding only)
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> TokenDecoder:
@@ -139,18 +166,20 @@ class TokenDecoder:
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer) -> TokenDecoder:
         byte_level = _is_byte_level(tokenizer)
+        byte_fallback = not byte_level and "ByteFallback" in _decoder_types(tokenizer)
         special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         id_bytes = [b""] * (max(vocab.values(), default=-1) + 1)
         for token, idx in vocab.items():
-            if idx not in special:
-                id_bytes[idx] = token_bytes(token) if byte_level else _approx_token_bytes(token)
-        # ByteFallback tokens <0x80>..<0xBF> continue a character; a text-diff window must not start on one.
-        continuation = frozenset()
-        if not byte_level:
-            ids = (tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(0x80, 0xC0))
-            continuation = frozenset(i for i in ids if i is not None)
-        return cls(tokenizer, tuple(id_bytes), byte_level, continuation)
+            if idx in special:
+                continue
+            id_bytes[idx] = token_bytes(token) if byte_level else _approx_token_bytes(token, byte_fallback)
+        # ByteFallback decodes a run of <0xNN> tokens all or nothing: the text diff holds runs back
+        byte_ids = frozenset()
+        if byte_fallback:
+            ids = (tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(256))
+            byte_ids = frozenset(i for i in ids if i is not None and i not in special)
+        return cls(tokenizer, tuple(id_bytes), byte_level, byte_ids)
 
     def raw_bytes(self, token_ids: Sequence[int]) -> bytes:
         """Concatenated bytes of the tokens (exact for byte-level tokenizers); special and unknown ids
@@ -180,21 +209,20 @@ class TokenDecoder:
             end = len(full) - trim_bytes if final else complete_prefix_len(full)
             return sanitize(full[complete_prefix_len(prefix) : max(end, complete_prefix_len(prefix))])
         text = self._text_delta(token_ids, read_offset, final)
-        return text[: len(text) - trim_bytes] if trim_bytes else text
+        # the trim counts `id_bytes`, which may differ from the decoded text (U+FFFD): never split a character
+        return sanitize(text[: max(0, len(text) - trim_bytes)]) if trim_bytes else text
 
     def _text_delta(self, token_ids: Sequence[int], read_offset: int, final: bool) -> bytes:
         """Fallback for non-byte-level tokenizers: diff decoded text.
 
-        A decode that ends in U+FFFD may be a byte-fallback character still being completed, and such
-        decoders (ByteFallback) can even turn already-decoded characters before it into U+FFFD. So the
-        text counted as sent through token k is the decode of the longest prefix ids[:j], j <= k, that
-        does not end in U+FFFD; that is recomputable from the window alone, keeping this stateless.
+        ByteFallback decodes a run of <0xNN> tokens all or nothing (one invalid byte turns the whole
+        run, complete characters included, into U+FFFD per byte), and a decode that ends in U+FFFD may
+        be a character still being completed. So the text counted as sent through token k is the decode
+        of the longest prefix ids[:j], j <= k, that ends in a token closing any byte run (shown, not a
+        byte token) and does not end in U+FFFD; that is recomputable from the window alone, keeping
+        this stateless. The window is decoded as the output's beginning: see the module doc.
         """
-        start = 0  # skip a character cut by the window start: ByteFallback would turn its run into U+FFFD
-        while start < read_offset and int(token_ids[start]) in self.continuation_ids:
-            start += 1
-        ids = [int(i) for i in token_ids[start:]]
-        read_offset -= start
+        ids = [int(i) for i in token_ids]
         sent = self._stable_text(ids, read_offset)
         if final:
             full = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -207,8 +235,14 @@ class TokenDecoder:
             )
         return full[common:].encode("utf-8")
 
+    def _closes(self, token: int) -> bool:
+        """A shown token that is no byte token: the byte run before it is decoded for good."""
+        return 0 <= token < len(self.id_bytes) and bool(self.id_bytes[token]) and token not in self.byte_ids
+
     def _stable_text(self, ids: list[int], end: int) -> str:
         for j in range(end, 0, -1):
+            if not self._closes(ids[j - 1]):
+                continue
             text = self.tokenizer.decode(ids[:j], skip_special_tokens=True)
             if not text.endswith(REPLACEMENT):
                 return text

@@ -21,6 +21,7 @@ import torch
 
 from engine.model_runner import ModelRunner
 from engine.cache_stats import cache_counters, cache_gauges
+from engine.detokenize import window_start
 from engine.observer import GuardedObserver, EngineObserver, EngineStats
 from engine.l3_prefetch import L3Prefetcher
 from engine.lookup_pool import LookupPool
@@ -41,7 +42,6 @@ from scheduler.sampling_rules import DEFAULT_MAX_NEW_TOKENS
 from scheduler.tenant_auth import TenantAuth
 from scheduler.tiers import WARMUP_TIER, Tier, TierTable
 
-CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
 NEVER = 2**63 - 1
 MAX_HOP_NS = 1_000_000_000  # scheduler step to engine: an arrival claimed earlier than this is not believed
 # After its last step (or a hit answered off the loop) the idle loop keeps publishing the cache counters,
@@ -798,7 +798,7 @@ class Engine:
         if params.stream:
             if ready <= state.sent and not final:
                 return
-            start = max(0, state.sent - CONTEXT_TOKENS)
+            start = window_start(state.output, state.sent, self.token_bytes)  # see engine.detokenize
             window, offset = state.output[start:ready], state.sent - start
         elif params.exclude_input_in_output:
             window, offset = state.output[:ready], 0

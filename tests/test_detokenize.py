@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from engine.detokenize import UNICODE_TO_BYTES, TokenDecoder, complete_prefix_len, sanitize, token_bytes
+from engine.detokenize import (
+    UNICODE_TO_BYTES,
+    TokenDecoder,
+    complete_prefix_len,
+    sanitize,
+    token_bytes,
+    window_start,
+)
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"]
 CORPUS = [
@@ -59,14 +66,14 @@ def dec(tok: Tokenizer) -> TokenDecoder:
     return TokenDecoder.from_tokenizer(tok)
 
 
-def stream(dec: TokenDecoder, ids: list[int], rng: random.Random, context: int = 4) -> list[bytes]:
-    """Split ids into random chunks and decode each as the engine would send it: a window starting at
-    least `context` tokens before the new ones (or at 0)."""
+def stream(dec: TokenDecoder, ids: list[int], rng: random.Random) -> list[bytes]:
+    """Split ids into random chunks and decode each as the engine would send it: a window starting where
+    `window_start` puts it, for the tokens sent or (more context) up to 3 fewer."""
     pieces: list[bytes] = []
     sent = 0
     while sent < len(ids) or not pieces:
         end = min(len(ids), sent + rng.randint(1, 4))
-        start = max(0, sent - context - rng.randint(0, 3))
+        start = window_start(ids, max(0, sent - rng.randint(0, 3)), lambda t: dec.raw_bytes([t]))
         pieces.append(dec.delta(ids[start:end], sent - start, final=end == len(ids)))
         sent = end
     return pieces
