@@ -140,6 +140,7 @@ class RedisKVStore:
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._lock = threading.Lock()
         self._stats = KVStoreStats()
+        self._local = threading.local()  # failures per thread: a caller judges its own calls (prefetch)
         self.last_error: str | None = None
 
     @property
@@ -370,6 +371,14 @@ class RedisKVStore:
             setattr(self._stats, counter, getattr(self._stats, counter) + 1)
         self.last_error = f"{type(exc).__name__}: {exc}"
 
+    def failures_on_this_thread(self) -> int:
+        """Calls of this thread that failed or the breaker refused: the store-wide counts also move
+        with other threads' calls (the L3 writer's), which must not end a caller's work."""
+        return getattr(self._local, "failures", 0)
+
+    def _failed_here(self) -> None:
+        self._local.failures = self.failures_on_this_thread() + 1
+
     def _call(self, op: Callable[[], T], write: bool = False) -> T | _Unavailable:
         """Run one Redis operation through the breaker; errors are counted and never raised. A `write`
         also waits out a full or read-only Redis (`cache/redis_full.py`), whose refusal is not a breaker
@@ -379,6 +388,7 @@ class RedisKVStore:
         if not self.breaker.allow():
             with self._lock:
                 self._stats.breaker_rejections += 1
+            self._failed_here()
             return _UNAVAILABLE
         try:
             result = op()
@@ -391,6 +401,7 @@ class RedisKVStore:
             self.breaker.record_failure()
             with self._lock:
                 self._stats.errors += 1
+            self._failed_here()
             return _UNAVAILABLE
         self.breaker.record_success()
         return result

@@ -38,8 +38,9 @@ class Prefetched:
 
 
 def _errors(l3: L3Tier) -> int:
-    stats = getattr(l3.store, "stats", None)
-    return 0 if stats is None else stats.errors + stats.breaker_rejections
+    """This thread's failed Redis calls: another thread's (the L3 writer's) say nothing of this fetch."""
+    count = getattr(l3.store, "failures_on_this_thread", None)
+    return 0 if count is None else count()
 
 
 class L3Prefetcher:

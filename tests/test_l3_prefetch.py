@@ -220,3 +220,36 @@ def test_a_templates_tenant_is_read_as_a_requests_is(tmp_path):
     path.write_text("templates:\n  - tenant: 'bad tenant!'\n    text: 'A question'\n", encoding="utf-8")
     prefixes, failures = load_templates(str(path), MODEL_DIR)
     assert prefixes == [] and "invalid tenant" in failures[0]["error"]
+
+
+def test_another_threads_redis_failure_does_not_end_the_prefetch(model, redis_server):  # noqa: F811
+    """The prefetch gives up when its own calls fail (Redis down); a failure of another thread's call
+    (the L3 writer timing out on a template's write) while a fetch finds nothing says nothing of Redis
+    for the prefetch, which goes on to the next prefix."""
+    import redis
+
+    from engine.l3_prefetch import L3Prefetcher
+
+    engine = replica(model, redis_server, "prefetch-other-thread")
+    store = engine.prefix_cache.l3.store
+    exists = store.exists_chain
+
+    def failing_elsewhere() -> None:
+        def refused():
+            raise redis.ConnectionError("the writer's call")
+
+        store._call(refused)
+
+    def exists_chain(keys):
+        other = threading.Thread(target=failing_elsewhere)
+        other.start()
+        other.join()
+        return exists(keys)
+
+    store.exists_chain = exists_chain
+    prefetch = L3Prefetcher(engine.prefix_cache.l3, engine.prefix_cache.chain_keys, TEMPLATES)
+    prefetch.start()
+    for prompt, tenant in TEMPLATES:
+        assert prefetch.wait(prompt, tenant, 60)
+    assert store.stats.errors == 2, "the other thread's calls did fail"
+    assert prefetch.outcomes == {"missing": 2} and prefetch.given_up == 0
