@@ -708,7 +708,7 @@ class SemanticCacheStats:
     errors: int = 0  # Redis unreachable/slow/failing, or skipped while the breaker is open
     corrupt: int = 0  # entries that failed validation (deleted)
     incomplete: int = 0  # entries with one of their two values gone (a bounded Redis evicted it): deleted
-    uncacheable: int = 0  # temperature > 0 without a seed
+    uncacheable: int = 0  # temperature > 0 without a seed; a prompt with an empty normal form
     too_long: int = 0  # stores and lookups of prompts longer than the embedder's window: not compared
     guard_rejections: int = 0  # candidates above the threshold that the guard or signature turned down
     low_band_rejections: int = 0  # lower-band candidates turned down without scoring (overlap rule, too
@@ -1336,6 +1336,9 @@ class SemanticResponseCache(RedisCacheBase):
         with another question at its end would match at cosine 1.0 (the guard's word checks are no match
         for a document). The exact cache still serves it."""
         normalized = normalize_question(prompt)
+        if not normalized:  # a greeting, a preamble or punctuation only: every such prompt embeds as ""
+            self._count("uncacheable")
+            return None
         if self.embedder.fits([normalized])[0]:
             return normalized
         self._count("too_long")

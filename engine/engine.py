@@ -135,6 +135,9 @@ class Engine:
         self._busy_at: float | None = None  # the last step or off-loop hit (monotonic): see COUNTERS_SETTLE_S
         self._next_expiry_ns = NEVER  # the soonest a queued request expires (max_queue_ms); a bound
         self._cache_stats_lock = threading.Lock()
+        # the load is read and sent under one lock: the engine thread and the lookup threads report it, and
+        # one read before another's and sent after it would stay on an idle engine's gauges
+        self._load_publish_lock = threading.Lock()
         self._active: dict[int, _Active] = {}
         self._free = list(range(runner.slots))
         # a request taken off the queue and not yet running or ended (the engine thread's KV work is done
@@ -199,7 +202,12 @@ class Engine:
             if self._answered(request, found):  # an exact hit is answered here, without waiting
                 return
             if offload:  # the semantic lookup off the execute thread (warmup's own requests: inline)
-                self.lookups.run(lambda: self._look_up_semantic_then_queue(request), request.priority)
+                # accepted as it would be queued now: a pool shut down meanwhile runs it here, after the
+                # shutdown began, and its miss is refused as any request submitted then is
+                accepted = self._accepting
+                self.lookups.run(
+                    lambda: self._look_up_semantic_then_queue(request, accepted), request.priority
+                )
                 return
         self._queue_request(request)
 
@@ -214,13 +222,14 @@ class Engine:
         """Run semantic lookups on `threads` threads of their own (0: on the submitting thread)."""
         self.lookups = LookupPool(threads, on_change=self._publish_load) if threads else None
 
-    def _look_up_semantic_then_queue(self, request: EngineRequest) -> None:
-        """`submit`'s rest on a lookup thread: what it would have raised goes to the request's sink. The
-        request was accepted before its lookup: a shutdown begun meanwhile still queues it, to drain."""
+    def _look_up_semantic_then_queue(self, request: EngineRequest, accepted: bool = True) -> None:
+        """`submit`'s rest on a lookup thread: what it would have raised goes to the request's sink. A
+        request `accepted` before its lookup (submitted before a shutdown began) is queued all the same,
+        to drain."""
         try:
             found = self.responses.lookup_semantic(request.prompt_ids, request.params, request.response_key)
             if not self._answered(request, found):
-                self._queue_request(request, accepted=True)
+                self._queue_request(request, accepted=accepted)
         except RequestError as exc:
             request.sink.fail(exc.code, exc.message)
         except Exception as exc:  # a bug must not leave the client waiting
@@ -323,10 +332,11 @@ class Engine:
 
     def _publish_load(self) -> int:
         """Report the load to the observer; returns the requests running."""
-        queued, active = self.load()
-        with self._lock:
-            positions = sum(s.position for s in self._active.values())
-        self.observer.on_load(queued, active, positions)
+        with self._load_publish_lock:
+            queued, active = self.load()
+            with self._lock:
+                positions = sum(s.position for s in self._active.values())
+            self.observer.on_load(queued, active, positions)
         return active
 
     def shutdown(self, drain_timeout_s: float) -> None:
