@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from cache.response_cache import INDEX_PREFIX as EXACT_INDEX_PREFIX
@@ -109,7 +110,7 @@ def _take(client: Any, index: bytes) -> bytes | None:
     """Move an index set to a name of this erasure's own, atomically, so that blocks an engine writes
     meanwhile start a fresh index (found by the next erasure) instead of joining a set about to be
     deleted unread. None when the set is already gone."""
-    taken = index + TAKEN.encode() + uuid.uuid4().hex.encode()
+    taken = _taken_name(index)
     try:
         client.rename(index, taken)
     except ResponseError as exc:
@@ -119,14 +120,41 @@ def _take(client: Any, index: bytes) -> bytes | None:
     return taken
 
 
+def _taken_name(index: bytes) -> bytes:
+    """`<index>:erasing:<id>`, in the index's hash slot: a Redis Cluster (one master) refuses a RENAME
+    across slots (CROSSSLOT). Where that name hashes elsewhere, the id carries the index's name as its
+    hash tag."""
+    unique = uuid.uuid4().hex.encode()
+    plain = index + TAKEN.encode() + unique
+    if key_slot(plain) == key_slot(index):
+        return plain
+    tagged = index + TAKEN.encode() + b"{" + index + b"}" + unique
+    return tagged if key_slot(tagged) == key_slot(index) else plain
+
+
 def _remove(client: Any, keys: Iterator[bytes], dry_run: bool) -> int:
     """Delete `keys` in batches (or count those that exist); returns how many existed."""
     existing, batch = 0, []
     for key in keys:
         batch.append(key)
         if len(batch) >= DELETE_BATCH:
-            existing += client.exists(*batch) if dry_run else client.unlink(*batch)
+            existing += _per_slot(client, batch, dry_run)
             batch = []
     if batch:
-        existing += client.exists(*batch) if dry_run else client.unlink(*batch)
+        existing += _per_slot(client, batch, dry_run)
     return existing
+
+
+def _per_slot(client: Any, batch: list[bytes], dry_run: bool) -> int:
+    """EXISTS (dry run) or UNLINK of `batch`, one command per hash slot in one round trip: a Redis Cluster
+    (one master) refuses a multi-key command across slots (CROSSSLOT)."""
+    by_slot: dict[int, list[bytes]] = {}
+    for key in batch:
+        by_slot.setdefault(key_slot(key), []).append(key)
+    pipe = client.pipeline(transaction=False)
+    for keys in by_slot.values():
+        if dry_run:
+            pipe.exists(*keys)
+        else:
+            pipe.unlink(*keys)
+    return sum(pipe.execute())
