@@ -26,6 +26,7 @@ import torch
 
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
+from cache.redis_topology import is_cross_slot, slot_groups
 from cache.key_directory import INDEX_DROPPED, KeyDirectory, Written, renew_listed, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 from cache.response_cache import redis_ttl, tenant_tag
@@ -140,6 +141,7 @@ class RedisKVStore:
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._lock = threading.Lock()
         self._stats = KVStoreStats()
+        self._per_slot = False  # a one-master Redis Cluster: multi-key reads go one command per hash slot
         self._local = threading.local()  # failures per thread: a caller judges its own calls (prefetch)
         self.last_error: str | None = None
 
@@ -345,7 +347,9 @@ class RedisKVStore:
             return []
         names = [self.redis_key(k) for k in keys]
         started = time.perf_counter()
-        found = self._call(lambda: self._exists_each(keys=names))
+        found = self._call(
+            lambda: self._by_slot(names, lambda client, part: self._exists_each(part, client=client))
+        )
         if isinstance(found, _Unavailable):
             return None
         with self._lock:
@@ -362,9 +366,28 @@ class RedisKVStore:
             pass
 
     def _mget(self, names: list[str]) -> list[Any]:
-        # A Redis Cluster client cannot MGET across hash slots; it offers mget_nonatomic instead.
-        mget = getattr(self.client, "mget_nonatomic", self.client.mget)
-        return mget(names)
+        return self._by_slot(names, lambda client, part: client.mget(part))
+
+    def _by_slot(self, names: list[str], read: Callable[[Any, list[str]], list[Any]]) -> list[Any]:
+        """`read(client, names)`'s per-name replies; on a one-master Redis Cluster, which refuses a
+        multi-key command across hash slots (CROSSSLOT), one command per slot, all in one round trip
+        (learned from the first refusal, which is not a Redis failure)."""
+        if not self._per_slot:
+            try:
+                return read(self.client, names)
+            except self._redis_errors as exc:
+                if not is_cross_slot(exc):
+                    raise
+                self._per_slot = True
+        groups = slot_groups(names)
+        pipe = self.client.pipeline(transaction=False)
+        for group in groups:
+            read(pipe, [names[i] for i in group])
+        replies: list[Any] = [None] * len(names)
+        for group, reply in zip(groups, pipe.execute()):
+            for i, value in zip(group, reply):
+                replies[i] = value
+        return replies
 
     def _count_bad(self, counter: str, exc: Exception) -> None:
         with self._lock:

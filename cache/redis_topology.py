@@ -11,7 +11,11 @@ absorb, not a configuration to fix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from redis.crc import key_slot
+from redis.exceptions import ClusterCrossSlotError
 
 
 class UnsupportedRedis(ValueError):
@@ -80,3 +84,17 @@ def check_redis_url(redis_url: str, timeout_s: float = 1.0) -> RedisTopology:
         return probe_topology(client)
     finally:
         client.close()
+
+
+def slot_groups(names: Sequence[str | bytes]) -> list[list[int]]:
+    """Positions of `names` grouped by Redis Cluster hash slot, in first-seen order: a cluster refuses a
+    multi-key command across slots (CROSSSLOT), even when one master serves them all."""
+    groups: dict[int, list[int]] = {}
+    for i, name in enumerate(names):
+        groups.setdefault(key_slot(name.encode() if isinstance(name, str) else name), []).append(i)
+    return list(groups.values())
+
+
+def is_cross_slot(exc: Exception) -> bool:
+    """redis-py names the CROSSSLOT refusal ClusterCrossSlotError, without the code in its text."""
+    return isinstance(exc, ClusterCrossSlotError) or "CROSSSLOT" in str(exc)

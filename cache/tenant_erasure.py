@@ -28,6 +28,7 @@ from redis.exceptions import ResponseError
 
 from cache.response_cache import INDEX_PREFIX as EXACT_INDEX_PREFIX
 from cache.response_cache import KEY_PREFIX as EXACT_PREFIX
+from cache.redis_topology import slot_groups
 from cache.redis_kv_store import LEGACY_TENANT_INDEX_PREFIX, TENANT_INDEX_PREFIX
 from cache.response_cache import tenant_tag
 from cache.semantic_cache import KEY_PREFIX as SEMANTIC_PREFIX
@@ -148,11 +149,9 @@ def _remove(client: Any, keys: Iterator[bytes], dry_run: bool) -> int:
 def _per_slot(client: Any, batch: list[bytes], dry_run: bool) -> int:
     """EXISTS (dry run) or UNLINK of `batch`, one command per hash slot in one round trip: a Redis Cluster
     (one master) refuses a multi-key command across slots (CROSSSLOT)."""
-    by_slot: dict[int, list[bytes]] = {}
-    for key in batch:
-        by_slot.setdefault(key_slot(key), []).append(key)
     pipe = client.pipeline(transaction=False)
-    for keys in by_slot.values():
+    for group in slot_groups(batch):
+        keys = [batch[i] for i in group]
         if dry_run:
             pipe.exists(*keys)
         else:
