@@ -7,36 +7,22 @@ from __future__ import annotations
 import threading
 import uuid
 
-
 from cache.response_cache import ExactResponseCache
 from engine.response_tier import ResponseTier
 from scheduler.errors import RequestError
 from tests.conftest import wait_for
+from tests.test_lookup_pool import GatedSemantic
 from tests.test_engine_batching import RecordingSink, make_engine, model, request  # noqa: F401
 
 
-class FirstGated:
-    """A semantic cache that always misses; its first lookup waits for `gate`."""
-
-    def __init__(self):
-        self.gate, self.entered = threading.Event(), threading.Event()
-        self.calls = 0
+class FirstGated(GatedSemantic):
+    """A semantic cache that always misses; only its first lookup waits for `gate`."""
 
     def lookup(self, question, tenant, params, variant=""):
-        self.calls += 1
-        if self.calls == 1:
-            self.entered.set()
-            assert self.gate.wait(20)
-        return None
-
-    def store(self, *args, **kwargs):
-        pass
-
-    def close(self):
-        pass
-
-    def snapshot(self):
-        return {}
+        if self.looked_up:
+            self.looked_up += 1
+            return None
+        return super().lookup(question, tenant, params, variant)
 
 
 def test_a_greedy_miss_submitted_after_shutdown_began_is_refused(model, redis_server):  # noqa: F811
