@@ -98,6 +98,7 @@ class SloFeedbackLoop:
         self.tick_errors = 0  # ticks that raised anything else: logged, and the loop goes on
         self.wrong_type = 0  # keys of another type deleted
         self.fields_deleted = 0  # bad or long-stale windows deleted
+        self._acted: dict[bytes, bytes] = {}  # field -> the window last acted on (each counts once)
 
     def start(self) -> None:
         if self.client is None:
@@ -132,7 +133,8 @@ class SloFeedbackLoop:
                 self.failures += 1
                 self.log(f"SLO feedback: Redis unavailable ({exc}); keeping the last weights")
             return ()
-        read = read_fleet(fleet, now, fresh_s=2 * self.interval_s, retain_s=self.ttl_s)
+        read = read_fleet(fleet, now, fresh_s=2 * self.interval_s, retain_s=self.ttl_s, acted=self._acted)
+        self._acted = {_as_bytes(name): _as_bytes(raw) for name, raw in fleet.items()}
         self._delete_fields(read.discard)
         observations = read.observations
         self.controller.update(observations, time.time_ns())
@@ -232,9 +234,12 @@ def read_window(name: bytes | str, raw: bytes | str, now: float) -> Window | Non
     return Window(tier, int(count), p_ms, now - ts)
 
 
-def read_fleet(fleet: dict, now: float, fresh_s: float, retain_s: float = math.inf) -> FleetRead:
+def read_fleet(
+    fleet: dict, now: float, fresh_s: float, retain_s: float = math.inf, acted: dict | None = None
+) -> FleetRead:
     """Per-replica windows published within `fresh_s` -> one observation per tier (count-weighted mean
     of the replicas' percentiles); older windows were already acted on, or their replica is gone.
+    `acted` (field -> value) names windows a previous read acted on already: they are not observed again.
     Bad fields are to be deleted, and stale ones once older than `retain_s` (the key's TTL: what would
     have expired had no live replica renewed the key)."""
     sums: dict[str, float] = defaultdict(float)
@@ -244,7 +249,7 @@ def read_fleet(fleet: dict, now: float, fresh_s: float, retain_s: float = math.i
         window = read_window(name, raw, now)
         if window is None or window.age_s > retain_s:
             discard[_as_bytes(name)] = _as_bytes(raw)
-        elif window.age_s <= fresh_s:
+        elif window.age_s <= fresh_s and (acted or {}).get(_as_bytes(name)) != _as_bytes(raw):
             sums[window.tier] += window.p_ms * window.count
             counts[window.tier] += window.count
     observations = {
