@@ -111,6 +111,8 @@ class DevicePrewarm:
         config = AutoConfig.from_pretrained(self.model_dir)
         warm_sampling(config.vocab_size, shape.slots, self.device)  # needs no model: first
         self._done("sampling", 0)
+        if self._stop.is_set():  # the load ended during sampling: the model copy is not the next item's
+            return
         runner = self._one_layer_runner(config)
         items = [("prefill", bucket) for bucket in shape.order]
         items += [("decode", bucket) for bucket in runner.kv_buckets]

@@ -126,7 +126,7 @@ class L3Prefetcher:
             self._thread.join(timeout=5)
 
     def summary(self, origin_ns: int) -> dict:
-        """What the report records, with times as seconds since `origin_ns` (the warmup's start)."""
+        """What the report records, with times as seconds since `origin_ns` (the load's start)."""
         now = time.perf_counter_ns()
         with self._cond:
             in_flight = sum(1 for result in self._results.values() if result is None)

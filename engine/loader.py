@@ -460,6 +460,7 @@ def load_engine(
         compile_cache=compile_cache,
         l3_prefetch=config.l3_prefetch,
         graph_budget_s=config.prefill_graph_budget_s,
+        origin_ns=started_ns,  # the prewarm's spans are since the load's start too: one time line
     )
     report.stages.insert(0, StageTiming("plan", plan_seconds, len(plan.histogram)))
     if prewarm_stage is not None:

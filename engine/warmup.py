@@ -34,10 +34,20 @@ from engine.sampling import warm_sampling
 from scheduler.messages import EngineRequestParams
 
 
+# cache "kv-only": never answered from (nor written to) the response caches, whose warmup-tier answers are
+# written at once: from the second start on both were exact hits that ran none of the engine's code, and
+# they put entries in tenant "default"'s namespace
 _WARMUP_REQUESTS = (
-    EngineRequestParams(max_tokens=3, stream=True, ignore_eos=True, tier="warmup"),
+    EngineRequestParams(max_tokens=3, stream=True, ignore_eos=True, tier="warmup", cache="kv-only"),
     EngineRequestParams(
-        max_tokens=3, temperature=0.8, top_p=0.9, top_k=20, seed=1, stop=("zz",), tier="warmup"
+        max_tokens=3,
+        temperature=0.8,
+        top_p=0.9,
+        top_k=20,
+        seed=1,
+        stop=("zz",),
+        tier="warmup",
+        cache="kv-only",
     ),
 )
 
@@ -57,8 +67,9 @@ class StageTiming:
     seconds: float
     items: int
     device_seconds: float | None = None  # CUDA-event time of the same span (GPU only)
-    start_s: float | None = None  # host-clock span, seconds since the warmup started (a stage of
-    end_s: float | None = None  # several measurements: first start to last end); None for "plan"
+    start_s: float | None = None  # host-clock span, seconds since run_warmup's origin_ns (the loader's: the
+    end_s: float | None = None  # load's start; a stage of several measurements: first start to last end);
+    # None for "plan"
 
 
 @dataclass
@@ -268,6 +279,7 @@ def run_warmup(
     compile_cache: CompileCache | None = None,
     l3_prefetch: bool = True,
     graph_budget_s: float = float("inf"),
+    origin_ns: int | None = None,
 ) -> WarmupReport:
     """Warm every shape within `budget_s` (0: no budget); what does not fit is left in
     `engine.deferred_shapes` for the engine to warm in the background while idle. A failing step
@@ -282,13 +294,17 @@ def run_warmup(
     in the background (see _KernelStages).
 
     With `l3_prefetch`, an L3 tier and hot prefixes, the prefixes' L3 fetch starts first, on its own
-    thread, and runs alongside the kernel stages (see the module docstring)."""
+    thread, and runs alongside the kernel stages (see the module docstring).
+
+    `origin_ns` (perf_counter_ns, default: now) anchors every stage's `start_s`/`end_s`; the loader
+    passes the start of the load, as the device prewarm's span is anchored there."""
     runner = engine.runner
     report = WarmupReport(enabled=enabled, device=str(runner.device))
     if not enabled:
         return report
     started = time.perf_counter_ns()
-    clock = _StageClock(runner.device, started)
+    origin = started if origin_ns is None else origin_ns
+    clock = _StageClock(runner.device, origin)
     cache = engine.prefix_cache
     prefetcher = None
     if l3_prefetch and hot_prefixes and cache is not None and cache.l3 is not None:
@@ -332,8 +348,9 @@ def run_warmup(
             engine.stats = EngineStats(shapes_seen=engine.stats.shapes_seen)
         return len(_WARMUP_REQUESTS)
 
-    def templates() -> int:
-        return prefill_templates(engine, hot_prefixes or [], prefill_budget_s, report)
+    def templates() -> int:  # without a prefix cache (prefix_cache_blocks=0) none can be loaded
+        hot = (hot_prefixes or []) if engine.prefix_cache is not None else []
+        return prefill_templates(engine, hot, prefill_budget_s, report)
 
     stages = (
         ("connections", lambda: open_connections(engine)),
@@ -349,7 +366,7 @@ def run_warmup(
             continue
         report.stages.append(StageTiming(name, seconds, items, device_seconds, *clock.last_span))
     if prefetcher is not None:  # still running when templates were deferred: READY does not wait
-        summary = prefetcher.summary(started)
+        summary = prefetcher.summary(origin)
         report.l3_prefetch = {**summary, **report.l3_prefetch}
         if summary["error"]:  # an unexpected exception (Redis errors are the store's counters, as without it)
             report.failures.append({"stage": "l3_prefetch", "error": summary["error"]})
