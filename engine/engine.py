@@ -265,7 +265,10 @@ class Engine:
         arrival = min(max(request.params.arrival_ns or received, received - MAX_HOP_NS), received)
         request.arrival_ns = arrival  # and its own expiry, admission and log count from there too
         priority, deadline_ns = assign(tier, arrival)
-        request.priority = max(request.priority, priority)
+        # nor less than the lowest tier's: the queue keeps state for each priority it has seen, and a
+        # client sending 2**31 distinct values grew it for good, every admission scanning it all
+        lowest = max(priority, max(t.priority for t in self.tiers))
+        request.priority = min(max(request.priority, priority), lowest)
         request.deadline_ns = max(request.deadline_ns, deadline_ns)
 
     def _answer_from_cache(self, request: EngineRequest, output: list[int], trim: int) -> None:

@@ -32,6 +32,8 @@ def _show(value: object) -> str:
     cannot carry it (a lone surrogate), since the message goes back to the client as UTF-8."""
     try:
         text = json.dumps(value, ensure_ascii=False)
+    except RecursionError:  # nested just short of the parser's limit: it parsed, but cannot be written back
+        return f"a JSON {'array' if isinstance(value, (list, tuple)) else 'object'} nested too deep"
     except (TypeError, ValueError):
         text = repr(value)
     return text if utf8_encodable(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
