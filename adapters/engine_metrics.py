@@ -59,10 +59,6 @@ class TritonEngineObserver(EngineObserver):
         )
         self.queue = family("llm_engine_queue_depth", "Requests waiting for a slot", family.GAUGE)
         self.active = family("llm_engine_active_requests", "Requests holding a slot", family.GAUGE)
-        self.ttft_sum = family("llm_engine_ttft_seconds_sum", "Engine-side TTFT sum per tier", family.COUNTER)
-        self.ttft_count = family(
-            "llm_engine_ttft_seconds_count", "Engine-side TTFT count per tier", family.COUNTER
-        )
         self.warmup_stage = family("llm_engine_warmup_stage_seconds", "Warmup stage duration", family.GAUGE)
         self.warmup_total = family("llm_engine_warmup_seconds", "Whole warmup duration", family.GAUGE)
         self.kv_bytes = family("llm_engine_kv_cache_bytes", "KV memory reserved at start", family.GAUGE)
@@ -137,8 +133,6 @@ class TritonEngineObserver(EngineObserver):
             # at 0 from the start, so "stays 0 when warm" reads 0 rather than an absent series
             self._metric(self.new_shapes, kind=kind)
         for tier in KNOWN_TIERS:
-            self._metric(self.ttft_sum, tier=tier)
-            self._metric(self.ttft_count, tier=tier)
             self._histogram(tier)
             self._histogram(tier, self.overhead, OVERHEAD_BUCKETS)
             self._metric(self.preemptions, tier=tier)
@@ -178,9 +172,7 @@ class TritonEngineObserver(EngineObserver):
                 self._batch_max = batch  # after the message went: one that failed is sent again
 
     def on_first_token(self, tier: str, ttft_s: float) -> None:
-        self._histogram(tier).observe(ttft_s)
-        self._metric(self.ttft_sum, tier=tier).increment(ttft_s)
-        self._metric(self.ttft_count, tier=tier).increment(1)
+        self._histogram(tier).observe(ttft_s)  # its _sum and _count series too
 
     def on_finish(self, tier: str, status: str, tokens: int) -> None:
         self._metric(self.finished, tier=tier, status=status).increment(1)
