@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +33,7 @@ from tqdm import tqdm
 
 from client.generate import StreamingSession
 from scheduler.messages import utf8_encodable
+from scheduler.tenant_auth import SECRET_ENV
 from scheduler.tiers import WARMUP_TIER
 from scheduler.validation import DEFAULT_TENANT, TENANT_PATTERN, TENANT_RULE
 
@@ -673,6 +675,9 @@ def token_counter(tokenizer: Path | None) -> TokenCounter:
 def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | None = None) -> int:
     """Select, print, and (unless dry run) send; 0 when every request succeeded, 1 when any failed,
     2 when the inputs cannot be read or the log holds lines but no usable record."""
+    if not utf8_encodable(os.environ.get(SECRET_ENV, "")):  # every request's token is signed with it
+        print(f"error: {SECRET_ENV} is not UTF-8 text: tokens are signed with its UTF-8 bytes", file=err)
+        return 2
     try:
         log = read_query_log(options.log, options.tenant_field)
         templates = load_templates(options.templates) if options.templates else []
@@ -727,14 +732,27 @@ def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | N
     return 1 if failed else 0
 
 
+# The engine publishes its cache figures at most once a second (and once more about a second after its
+# last step): read as the last answer arrives, they would not hold what this job filled yet
+CACHE_FIGURES_PERIOD_S = 1.1
+CACHE_FIGURES_LIMIT_S = 5.0
+
+
 def print_cache_tiers(metrics_url: str, out: TextIO, err: TextIO) -> None:
-    """What the job filled, as the server counts it; a server whose metrics cannot be read is noted, not
-    a failure of the job (the requests were sent and answered)."""
+    """What the job filled, as the server counts it: read until two reads a publishing period apart
+    agree; a server whose metrics cannot be read is noted, not a failure of the job (the requests were
+    sent and answered)."""
     from client.cache_report import format_rows, tier_rows
     from client.metrics import scrape_metrics
 
     try:
         rows = tier_rows(scrape_metrics(metrics_url))
+        deadline = time.monotonic() + CACHE_FIGURES_LIMIT_S
+        while time.monotonic() < deadline:
+            time.sleep(CACHE_FIGURES_PERIOD_S)
+            rows, before = tier_rows(scrape_metrics(metrics_url)), rows
+            if rows == before:
+                break
     except (OSError, ValueError) as exc:
         print(f"warning: cannot read the cache tiers at {metrics_url}: {exc}", file=err)
         return
