@@ -442,6 +442,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     resolve_default_urls(args)
     out = out or sys.stdout
     err = err or sys.stderr
+    if args.command in ("generate", "prime") and not utf8_encodable(os.environ.get(SECRET_ENV, "")):
+        print(f"error: {SECRET_ENV} is not UTF-8 text: tokens are signed with its UTF-8 bytes", file=err)
+        return 2
     if args.command in ("tenant-token", "forget-tenant"):  # no stack's: the operator's secret, or none
         return run_command(parser, args, out, err)
     with signing_for(getattr(args, "url", None) or default_grpc_url()):

@@ -117,3 +117,12 @@ def test_tenant_token_non_utf8_secret(monkeypatch):
     except Exception as exc:  # noqa: BLE001
         pytest.fail(f"traceback: {exc!r}")
     assert rc == 2
+
+
+@pytest.mark.parametrize("command", ["prime", "generate"])
+def test_a_secret_that_is_not_utf8_is_refused_before_any_request(monkeypatch, command):
+    """Every request's tenant token is signed with the secret's UTF-8 bytes: refused up front, named."""
+    monkeypatch.setenv("LLM_TENANT_SECRET", "s\udcffs")
+    argv = ["prime", "--url", "x:1"] if command == "prime" else ["generate", "--url", "x:1", "hi"]
+    rc, _, err = run_cli(argv)
+    assert rc == 2 and "LLM_TENANT_SECRET is not UTF-8 text" in err
