@@ -372,7 +372,7 @@ class Engine:
         for request in self._drain_queue():  # suspended ones among them
             self._end_queued(request, "error", "UNAVAILABLE", message)
         for state in list(self._active.values()):
-            state.request.sink.fail("UNAVAILABLE", message)
+            self._send_error(state.request, "UNAVAILABLE", message)
             self.stats.count_finish("error")
             self.observer.on_finish(state.tier, "error", len(state.output))
             self._release(state, keep_prefix=False)
@@ -505,7 +505,7 @@ class Engine:
         noticed = self.cancelled_elsewhere()
         for state in list(self._active.values()):
             if state.request.request_id in noticed or state.request.sink.cancelled():
-                state.request.sink.fail("CANCELLED", "the client cancelled this request")
+                self._send_error(state.request, "CANCELLED", "the client cancelled this request")
                 self._finish(state, "cancelled", notify=False)
         for request_id in noticed:
             with self._lock:
@@ -544,7 +544,7 @@ class Engine:
     def _end_queued(self, request: EngineRequest, status: str, code: str, message: str) -> None:
         """End a request that never got (back) a slot: its error, its finish counted under `status`."""
         self._suspended.pop(request.request_id, None)
-        request.sink.fail(code, message)
+        self._send_error(request, code, message)
         self.stats.count_finish(status)
         self.observer.on_finish(request.params.tier, status, 0)
 
@@ -761,7 +761,10 @@ class Engine:
         self.decode_step_s.update(seconds)
         for state in states:
             state.position += 1
-            self._accept_token(state, tokens[state.slot])
+            try:
+                self._accept_token(state, tokens[state.slot])
+            except Exception as exc:  # its response failed to send: it alone ends, the batch decodes on
+                self._response_failed(state, exc)
         self.observer.on_step("decode", len(states), seconds)
         return True
 
@@ -864,9 +867,27 @@ class Engine:
             self._free.append(state.slot)
             self._positions[state.slot] = 0
 
+    def _send_error(self, request: EngineRequest, code: str, message: str) -> None:
+        """End a request with an error; a sink that raises (its sender broke) is logged, never raised: it
+        aborted whatever loop was ending requests (the rest never answered) or failed a whole step."""
+        try:
+            request.sink.fail(code, message)
+        except Exception as exc:
+            self.log(json.dumps({"event": "response_failed", "error": f"{type(exc).__name__}: {exc}"}))
+
+    def _response_failed(self, state: _Active, exc: Exception) -> None:
+        """A running request whose response raised: it ends alone (INTERNAL), its slot freed."""
+        if self._active.get(state.slot) is not state:  # ended already: its final response went
+            self.log(json.dumps({"event": "response_failed", "error": f"{type(exc).__name__}: {exc}"}))
+            return
+        self._release(state)
+        self.stats.count_finish("error")
+        self.observer.on_finish(state.tier, "error", len(state.output))
+        self._send_error(state.request, "INTERNAL", f"sending a response failed: {type(exc).__name__}: {exc}")
+
     def _fail_all_active(self, code: str, message: str) -> None:
         for state in list(self._active.values()):
-            state.request.sink.fail(code, message)
+            self._send_error(state.request, code, message)
             self.stats.count_finish("error")
             self.observer.on_finish(state.tier, "error", len(state.output))
             self._release(state, keep_prefix=False)
