@@ -24,8 +24,8 @@ So a match must pass three checks besides the cosine threshold:
 
 A would-be hit must then also pass the pair classifier (``PairCheck``, cache/pair_classifier.py): MiniLM
 read as a cross-encoder over both questions, which sees the reworded reversals and same-domain topics the
-guard has no words for, and may overrule three of the guard's reasons (other entities, numbers, direction)
-when it is sure.
+guard has no words for, and may overrule three of the guard's reasons (other entities, a number on
+one side only, direction) when it is sure; numbers on both sides that differ ("values") never are.
 
 Queries are normalised before embedding (``normalize_question``: case, contractions, preambles such
 as "can you tell me", one "how do i" opener, punctuation), which moves paraphrases closer. A lower
@@ -678,8 +678,8 @@ class QuestionGuard:
         # "X faster than Y" vs "Y faster than X": one side's than-object appears on the other side elsewhere
         if ((a.than_objects - b.than_objects) & b.words) or ((b.than_objects - a.than_objects) & a.words):
             return GuardVerdict(False, "reversal:than")
-        if a.numbers != b.numbers:
-            return GuardVerdict(False, "numbers")
+        if a.numbers != b.numbers:  # "question 0" / "question 2": another value, never overruled
+            return GuardVerdict(False, "numbers" if not (a.numbers and b.numbers) else "values")
         if a.symbols != b.symbols:  # "what does 👍 mean" / "what does 👎 mean" normalise alike
             return GuardVerdict(False, "symbols")
         missing = {e for e in a.entities if e not in b.words} | {e for e in b.entities if e not in a.words}

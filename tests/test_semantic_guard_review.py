@@ -164,8 +164,20 @@ def test_a_guard_rejected_candidate_needs_at_least_the_pair_cut():
     check = PairCheck(Fixed(0.96), min_probability=0.99)  # semantic_pair_min=0.99, default overrule_min 0.95
     ok = one_candidate("How do I reset my password?", "How can I reset my password?")
     assert select(ok, 0.8, 0.8, None, 1, pair_check=check) is None  # 0.96 < 0.99: refused, as configured
-    other_numbers = one_candidate("Is a 30 minute walk enough?", "Is a 90 minute walk enough?")
+    other_numbers = one_candidate("Is a short walk enough?", "Is a 30 minute walk enough?")
     assert not other_numbers[0].verdict().ok and other_numbers[0].verdict().reason == "numbers"
     assert select(other_numbers, 0.8, 0.8, None, 1, pair_check=check) is None, (
         "a candidate the guard refused (other numbers) served at a probability a passing one is refused at"
     )
+
+
+def test_another_value_is_never_overruled():
+    """Both questions name numbers and they differ ("question 0" / "question 2" after a long shared
+    context): another question, however sure the pair classifier is (it read 0.99 for such a pair)."""
+    context = "Shared context for the fault exploration, repeated for blocks. " * 6
+    check = PairCheck(Fixed(0.999))
+    cands = one_candidate(f"{context} kv question 0", f"{context} kv question 2")
+    assert cands[0].verdict().reason == "values"
+    assert select(cands, 0.8, 0.8, None, 1, pair_check=check) is None
+    one_sided = one_candidate("Is a short walk enough?", "Is a 30 minute walk enough?")
+    assert select(one_sided, 0.8, 0.8, None, 1, pair_check=check) is not None, "a number on one side only"
