@@ -168,7 +168,8 @@ def test_redis_credentials_are_not_left_readable_by_others_in_the_run_dir(tmp_pa
     try:
         os.umask(old)
         exposed = []
-        for path in [stack.run_dir / "stack.json", *(stack.run_dir / "model_repository").glob("*/config.pbtxt")]:
+        configs = (stack.run_dir / "model_repository").glob("*/config.pbtxt")
+        for path in [stack.run_dir / "stack.json", *configs]:
             if password in path.read_text() and path.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH):
                 exposed.append(path.name if path.name == "stack.json" else path.parent.name)
         assert not exposed, f"the Redis password is readable by other users in {exposed}"
