@@ -32,6 +32,7 @@ from scheduler.tenant_auth import (
     DEFAULT_TENANT,
     DEFAULT_TOKEN_TTL,
     SECRET_ENV,
+    secret_error,
     tenant_token,
     ttl_argument,
     utc_text,
@@ -199,8 +200,8 @@ def run_tenant_token(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not secret:
         print(f"error: {SECRET_ENV} is not set: set it to the servers' secret", file=err)
         return 2
-    if not utf8_encodable(secret):
-        print(f"error: {SECRET_ENV} is not UTF-8 text: tokens are signed with its UTF-8 bytes", file=err)
+    if (problem := secret_error()) is not None:
+        print(f"error: {problem}", file=err)
         return 2
     try:
         tenant = validate_tenant(args.tenant)
@@ -442,8 +443,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     resolve_default_urls(args)
     out = out or sys.stdout
     err = err or sys.stderr
-    if args.command in ("generate", "prime") and not utf8_encodable(os.environ.get(SECRET_ENV, "")):
-        print(f"error: {SECRET_ENV} is not UTF-8 text: tokens are signed with its UTF-8 bytes", file=err)
+    if args.command in ("generate", "prime") and (problem := secret_error()) is not None:
+        print(f"error: {problem}", file=err)
         return 2
     if args.command in ("tenant-token", "forget-tenant"):  # no stack's: the operator's secret, or none
         return run_command(parser, args, out, err)

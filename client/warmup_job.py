@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +32,7 @@ from tqdm import tqdm
 
 from client.generate import StreamingSession
 from scheduler.messages import utf8_encodable
-from scheduler.tenant_auth import SECRET_ENV
+from scheduler.tenant_auth import secret_error
 from scheduler.tiers import WARMUP_TIER
 from scheduler.validation import DEFAULT_TENANT, TENANT_PATTERN, TENANT_RULE
 
@@ -675,8 +674,8 @@ def token_counter(tokenizer: Path | None) -> TokenCounter:
 def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | None = None) -> int:
     """Select, print, and (unless dry run) send; 0 when every request succeeded, 1 when any failed,
     2 when the inputs cannot be read or the log holds lines but no usable record."""
-    if not utf8_encodable(os.environ.get(SECRET_ENV, "")):  # every request's token is signed with it
-        print(f"error: {SECRET_ENV} is not UTF-8 text: tokens are signed with its UTF-8 bytes", file=err)
+    if (problem := secret_error()) is not None:  # every request's token is signed with the secret
+        print(f"error: {problem}", file=err)
         return 2
     try:
         log = read_query_log(options.log, options.tenant_field)

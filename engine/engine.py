@@ -371,11 +371,7 @@ class Engine:
         message = "the model was unloaded before this request finished; retry"
         for request in self._drain_queue():  # suspended ones among them
             self._end_queued(request, "error", "UNAVAILABLE", message)
-        for state in list(self._active.values()):
-            self._send_error(state.request, "UNAVAILABLE", message)
-            self.stats.count_finish("error")
-            self.observer.on_finish(state.tier, "error", len(state.output))
-            self._release(state, keep_prefix=False)
+        self._fail_all_active("UNAVAILABLE", message)
 
     def step(self) -> bool:
         """One scheduling iteration; False when there was nothing to do."""
@@ -873,21 +869,26 @@ class Engine:
         try:
             request.sink.fail(code, message)
         except Exception as exc:
-            self.log(json.dumps({"event": "response_failed", "error": f"{type(exc).__name__}: {exc}"}))
+            self._log_response_failed(exc)
+
+    def _log_response_failed(self, exc: Exception) -> None:
+        self.log(json.dumps({"event": "response_failed", "error": f"{type(exc).__name__}: {exc}"}))
 
     def _response_failed(self, state: _Active, exc: Exception) -> None:
         """A running request whose response raised: it ends alone (INTERNAL), its slot freed."""
         if self._active.get(state.slot) is not state:  # ended already: its final response went
-            self.log(json.dumps({"event": "response_failed", "error": f"{type(exc).__name__}: {exc}"}))
+            self._log_response_failed(exc)
             return
-        self._release(state)
-        self.stats.count_finish("error")
-        self.observer.on_finish(state.tier, "error", len(state.output))
-        self._send_error(state.request, "INTERNAL", f"sending a response failed: {type(exc).__name__}: {exc}")
+        message = f"sending a response failed: {type(exc).__name__}: {exc}"
+        self._end_active(state, "INTERNAL", message, keep_prefix=True)
 
     def _fail_all_active(self, code: str, message: str) -> None:
         for state in list(self._active.values()):
-            self._send_error(state.request, code, message)
-            self.stats.count_finish("error")
-            self.observer.on_finish(state.tier, "error", len(state.output))
-            self._release(state, keep_prefix=False)
+            self._end_active(state, code, message, keep_prefix=False)
+
+    def _end_active(self, state: _Active, code: str, message: str, keep_prefix: bool) -> None:
+        """A running request ends with an error: answered, counted, its slot freed."""
+        self._send_error(state.request, code, message)
+        self.stats.count_finish("error")
+        self.observer.on_finish(state.tier, "error", len(state.output))
+        self._release(state, keep_prefix=keep_prefix)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from scheduler.errors import RequestError
+from scheduler.messages import utf8_encodable
 from scheduler.tiers import Tier
 from scheduler.validation import DEFAULT_TENANT
 
@@ -94,6 +95,13 @@ def tenant_token(secret: str | bytes, tenant: str, expires_at: int | None = None
         raise ValueError(f"expires_at must be unix seconds, got {expires_at}")
     message = _CONTEXT_EXPIRING + tenant.encode("utf-8") + b"\0" + str(expires_at).encode("ascii")
     return f"{expires_at}.{hmac.new(_key(secret), message, hashlib.sha256).hexdigest()}"
+
+
+def secret_error(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why a tool cannot sign tokens with the secret in its environment (it is not UTF-8 text), or None."""
+    if utf8_encodable(environ.get(SECRET_ENV, "")):
+        return None
+    return f"{SECRET_ENV} is not UTF-8 text: tokens are signed with its UTF-8 bytes"
 
 
 def token_from_env(
