@@ -138,6 +138,8 @@ def parse_query_log(lines: Iterable[str | bytes], tenant_field: str = "tenant") 
     malformed: list[MalformedLine] = []
     total = 0
     for line_no, raw in enumerate(lines, start=1):
+        if line_no == 1:  # a byte order mark (Windows tools write one) is no part of the first record
+            raw = raw.removeprefix(b"\xef\xbb\xbf" if isinstance(raw, bytes) else "\ufeff")
         if not raw.strip():
             continue
         total += 1
@@ -167,6 +169,9 @@ class SloTemplate:
     prompt: str
 
 
+TEMPLATE_KEYS = ("scenario", "tenant", "prompt")
+
+
 def parse_templates(data: object, source: str = "templates") -> list[SloTemplate]:
     """The YAML's `scenarios` list; unlike the log, a bad template is an error: it is hand-written
     configuration, and silently skipping an SLO-critical scenario would leave it cold."""
@@ -179,6 +184,12 @@ def parse_templates(data: object, source: str = "templates") -> list[SloTemplate
         where = f"{source}: scenarios[{i}]"
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: expected a mapping with scenario, tenant, prompt")
+        unknown = [key for key in entry if key not in TEMPLATE_KEYS]
+        if unknown:  # a misspelled `tenant:` would warm tenant 'default' and leave the scenario's cold
+            raise ValueError(
+                f"{where}: unknown key {', '.join(repr(k) for k in unknown)}; "
+                f"allowed: {', '.join(TEMPLATE_KEYS)}"
+            )
         scenario, tenant, prompt = (
             entry.get("scenario"),
             entry.get("tenant", DEFAULT_TENANT),
@@ -668,7 +679,28 @@ def token_counter(tokenizer: Path | None) -> TokenCounter:
         tok = Tokenizer.from_file(str(tokenizer))
     except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot read
         raise ValueError(f"cannot read tokenizer {tokenizer}: {exc}") from exc
+    # as the server reads prompts by default (prompt_special_tokens=text): "</s>" typed in a prompt is its
+    # characters, several tokens, not the one special token; in "parse" mode the server counts no more
+    tok.encode_special_tokens = True
     return lambda text: len(tok.encode(text).ids)
+
+
+def check_template_lengths(
+    templates: list[SloTemplate], count_tokens: Callable[[str], int], options: JobOptions, err: TextIO
+) -> int | None:
+    """2 when a template is over the prompt limit by the exact tokenizer: the server would refuse it, and
+    the dry run that checks a CronJob must say so. Without `--tokenizer` the count is a byte estimate that
+    over-counts, so it only warns."""
+    limit = options.selection.max_prompt_tokens
+    exact = options.tokenizer is not None
+    too_long = [(t, n) for t in templates if (n := count_tokens(t.prompt)) > limit]
+    for template, n in too_long:
+        level, unit = ("error", "tokens") if exact else ("warning", "tokens at most (no --tokenizer)")
+        print(
+            f"{level}: template {template.scenario!r} has {n} {unit}, over --max-prompt-tokens {limit}",
+            file=err,
+        )
+    return 2 if too_long and exact else None
 
 
 def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | None = None) -> int:
@@ -684,6 +716,8 @@ def run_job(options: JobOptions, out: TextIO, err: TextIO, *, embed: EmbedFn | N
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=err)
         return 2
+    if (status := check_template_lengths(templates, count_tokens, options, err)) is not None:
+        return status
     for line in log.describe_malformed(str(options.log)):
         print(line, file=err)
     if log.total_lines and not log.records:  # a log shipper changed format: the peak would meet cold caches
