@@ -47,6 +47,11 @@ MAX_HOP_NS = 1_000_000_000  # scheduler step to engine: an arrival claimed earli
 # After its last step (or a hit answered off the loop) the idle loop keeps publishing the cache counters,
 # once a second, this long: the caches' asynchronous writes land after the requests that caused them.
 COUNTERS_SETTLE_S = 10.0
+# A running non-streaming request sends an empty, non-final window this often (not before its first
+# interval): in Triton 24.10 only the detokenizer ever sees an ensemble request's cancel, and only on a
+# response that reaches it, so without these a cancelled (or disconnected) non-streaming request kept its
+# slot until it had generated every token. The client reads an empty text piece for each.
+NON_STREAM_KEEPALIVE_S = 0.25
 
 
 @dataclass
@@ -62,6 +67,7 @@ class _Active:
     done: str | None = None
     preemptions: int = 0
     expires_ns: int = 0  # suspended: when it expires unresumed (monotonic clock, the queue's)
+    keepalive_at: float = 0.0  # non-streaming: its next empty window is due (NON_STREAM_KEEPALIVE_S)
 
     @property
     def tier(self) -> str:
@@ -782,6 +788,18 @@ class Engine:
             self._finish(state, state.done)
         elif params.stream:
             self._emit(state, final=False)
+        else:
+            self._keep_alive(state)
+
+    def _keep_alive(self, state: _Active) -> None:
+        """An empty window for a running non-streaming request, once per NON_STREAM_KEEPALIVE_S: the
+        detokenizer asks Triton about it and posts the key to the cancel mailbox if its client is gone."""
+        now = time.monotonic()
+        if state.keepalive_at == 0.0:
+            state.keepalive_at = now + NON_STREAM_KEEPALIVE_S
+        elif now >= state.keepalive_at:
+            state.keepalive_at = now + NON_STREAM_KEEPALIVE_S
+            state.request.sink.send([], 0, False, 0)
 
     def _emit(self, state: _Active, final: bool) -> None:
         params = state.request.params
