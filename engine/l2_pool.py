@@ -111,12 +111,10 @@ class HostBlockPool:
                 row_of_slot[index] = position if rows is None else rows[position]
         if not row_of_slot:
             return 0
+        # The run was entered in its aging order (`order`): each key's use, new or held, is already
+        # ticked in that order. (New keys used to be ticked again here, after the run: a new tail then
+        # aged after the head L2 already held, and once both had K uses L2 evicted the head first.)
         self._in_row_order(entered, row_of_slot)
-        young = self._young[1] if new_path else {}
-        for key in oldest_first:
-            if key in young:
-                young[key] = (next(self._tick),)
-                young.move_to_end(key)
         slots, sources = list(row_of_slot), list(row_of_slot.values())
         try:
             if blocks.is_cuda:
@@ -168,6 +166,15 @@ class HostBlockPool:
         if self._inflight and self._event is not None:
             self._event.synchronize()
             self._inflight = False
+
+    def pin(self, key: bytes) -> bool:
+        """Pin a block held here (never evicted from now on), without rewriting it; False if not held."""
+        if key not in self.index:
+            return False
+        if key not in self.pinned:
+            self.pinned.add(key)
+            self._touch(key)  # a pinned block keeps a history, never a young table's entry
+        return True
 
     def _slot_for(self, key: bytes, pin: bool, keep: frozenset[bytes]) -> int | None:
         """The slot `key` is (re)written to, counted as a use; None when every slot is pinned or kept."""

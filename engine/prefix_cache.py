@@ -114,8 +114,10 @@ class PrefixCache:
         self.free = list(range(capacity_blocks - 1, -1, -1))
         self.pinned: set[bytes] = set()
         # every block of a warmed template (stored with `pin`, or adopted), pinned here or not: past
-        # L1's pin room, a template's blocks are demoted like any other, and pinned in L2 instead
-        self.warmed: set[bytes] = set()
+        # L1's pin room, a template's blocks are demoted like any other, and pinned in L2 instead.
+        # Each maps to (its parent in the chain or None, its position): L2 pins a block only behind a
+        # pinned parent, so that its pin room goes head first although L1 demotes tails first
+        self.warmed: dict[bytes, tuple[bytes | None, int]] = {}
         self.evictions = 0
         self.hit_blocks = 0
         # blocks a lookup asked a tier for that it did not hold (a prompt's chain past L1's, then past
@@ -388,7 +390,8 @@ class PrefixCache:
         the blocks not pinned yet, so a template extending a pinned one pins its own blocks."""
         new = [key for key in held if key not in self.pinned]
         self.pinned.update(new[: pin_room(self.capacity, self.pinned)])
-        self.warmed.update(keys)
+        for position, key in enumerate(keys):
+            self.warmed.setdefault(key, (keys[position - 1] if position else None, position))
 
     def _from_l2(self, rest: list[bytes]) -> list[bytes]:
         """The leading blocks of `rest` L2 holds, brought into L1. L2's hits are the blocks it served (L1
@@ -468,12 +471,25 @@ class PrefixCache:
 
     def _demote(self, evicted: list[tuple[int, bytes]], keep: frozenset[bytes], aging: list[bytes]) -> None:
         """Copy evicted (row, key) blocks to L2; a warmed template's are pinned there, up to half of L2
-        (as in L1: an L2 full of pinned blocks could take nothing else)."""
+        (as in L1: an L2 full of pinned blocks could take nothing else), head first: a block only behind
+        a pinned parent (in L1 or L2). L1 demotes a template's tail before its head, often one store at a
+        time: pinned as they came, the room went to tails whose heads L2 later dropped, pinned blocks no
+        lookup could reach and nothing would ever evict. A tail demoted before its head is pinned when
+        the head is (`_pin_warm_descendants`)."""
         l2 = self.l2
         warm = []
         if self.warmed:
             room = pin_room(l2.pool.shape[0], l2.pinned)
-            warm = [(row, key) for row, key in evicted if key in self.warmed and key not in l2.pinned][:room]
+            candidates = [(row, key) for row, key in evicted if key in self.warmed and key not in l2.pinned]
+            anchored: set[bytes] = set()
+            for row, key in sorted(candidates, key=lambda pair: self.warmed[pair[1]][1]):  # head first
+                if len(warm) == room:
+                    break
+                parent = self.warmed[key][0]
+                if parent is None or parent in self.pinned or parent in l2.pinned or parent in anchored:
+                    warm.append((row, key))
+                    anchored.add(key)
+            warm.sort()  # by row: rows and L2 slots then form runs
         if warm:
             warm_keys = {key for _, key in warm}
             evicted = [(row, key) for row, key in evicted if key not in warm_keys]
@@ -481,6 +497,26 @@ class PrefixCache:
         if evicted:
             keys, rows = [key for _, key in evicted], [row for row, _ in evicted]
             l2.put_many(keys, self.pool, keep, rows=rows, oldest_first=aging)
+        if warm:
+            self._pin_warm_descendants()
+
+    def _pin_warm_descendants(self) -> None:
+        """Pin, head first within L2's pin room, the warmed blocks L2 holds unpinned behind a pinned parent:
+        a template's tail demoted before its head was."""
+        l2 = self.l2
+        room = pin_room(l2.pool.shape[0], l2.pinned)
+        if not room:
+            return
+        waiting = sorted(
+            (self.warmed[key][1], key) for key in l2.index if key in self.warmed and key not in l2.pinned
+        )
+        for _, key in waiting:
+            if not room:
+                return
+            parent = self.warmed[key][0]
+            if parent is None or parent in self.pinned or parent in l2.pinned:
+                l2.pin(key)
+                room -= 1
 
     def _evict(self, count: int) -> list[tuple[int, bytes]]:
         """Take up to `count` of the oldest blocks that may be evicted out of the index, as (row, key), in
