@@ -86,7 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
              "the answer is always generated afresh; refresh: as kv-only, and the fresh answer is kept in "
              "the response caches; bypass: read and write no cache tier",
     )  # fmt: skip
-    gen.add_argument("--no-stream", dest="stream", action="store_false", help="one response, not pieces")
+    gen.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="the text in the final response, not piece by piece",
+    )
     gen.add_argument("--exclude-input", dest="exclude_input_in_output", action="store_true", default=None,
                      help="send exclude_input_in_output=true")  # fmt: skip
     gen.add_argument("--timeout", type=seconds, default=120.0, help="seconds to wait (default: %(default)s)")
