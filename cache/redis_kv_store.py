@@ -302,6 +302,12 @@ class RedisKVStore:
             self._drop_if_wrong_type(missing)
         return blocks
 
+    def count_miss(self) -> None:
+        """A chain lookup a probe (`exists_each`) answered: Redis holds no block where the chain stops, and
+        no GET was sent to find that out; counted as `get_chain` counts one it finds missing."""
+        with self._lock:
+            self._stats.misses += 1
+
     def _drop_if_wrong_type(self, name: str) -> None:
         """A block the caller's probe found and MGET did not: expired meanwhile, or a value of another type,
         which is deleted and counted (one round trip, on a path where the probe was wrong anyway): a

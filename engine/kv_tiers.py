@@ -145,14 +145,25 @@ class L3Tier:
     def _fetch(self, keys: list[bytes], present: Sequence[bool] | None) -> tuple[list[torch.Tensor], str]:
         if not keys:
             return [], "missing"
-        available = self.store.exists_chain(keys) if present is None else leading_run(present)
+        if present is None:
+            failed_before = _failures_here(self.store)
+            available = self.store.exists_chain(keys)
+            answered = _failures_here(self.store) == failed_before
+        else:  # a failed probe is [] (`wait_probe`)
+            available, answered = leading_run(present), len(present) > 0
+        available = min(available, len(keys))
         self._remember(keys[:available])
         self._forget(keys[available:])  # not there (lost, evicted, expired, never written): may be written
+        # Redis said where the chain stops: its miss, which the GET the probe spared would have counted
+        gap = answered and available < len(keys)
         if available == 0:
+            if gap:
+                self._count_miss()
             return [], "missing"
         decision = self.cost.decide(available * self.meta.token_count, available * self.block_bytes)
         if decision == "recompute":
             return [], "recompute"
+        asked = available  # the probe's leading run, before an exploration cuts it
         if decision == "explore":  # a measurement, not a win: its request pays for a few blocks at most
             available = min(available, EXPLORE_BLOCKS)
         started = time.perf_counter()
@@ -166,7 +177,17 @@ class L3Tier:
             self.cost.observe_load(fetched * self.block_bytes, time.perf_counter() - started)
         elif decision == "explore":
             self.cost.explored_nothing()
+        if not blocks:  # every block rejected (corrupt, incompatible), gone by the GET or Redis failed:
+            return [], "missing"  # nothing served, not a hit of the chain
+        if gap and len(blocks) == asked:  # the load reached the gap the probe found: its miss
+            self._count_miss()
         return blocks, "loaded" if len(blocks) == available else "partial"
+
+    def _count_miss(self) -> None:
+        """A chain that stopped where Redis holds no block, as `RedisKVStore.get_chain` counts one."""
+        count = getattr(self.store, "count_miss", None)
+        if count is not None:
+            count()
 
     def publish(
         self,
@@ -267,6 +288,12 @@ class L3Tier:
         self._probes.shutdown(wait=False, cancel_futures=True)
         self._writes.close()
         self.store.close()
+
+
+def _failures_here(store) -> int:
+    """The store's failed calls on this thread (a store without that count: none)."""
+    count = getattr(store, "failures_on_this_thread", None)
+    return 0 if count is None else count()
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:

@@ -215,11 +215,14 @@ class PrefixCache:
                 promoted = self._guarded("l2 lookup", lambda: self._from_l2(rest))
                 self._pending.append(("l2", len(promoted), self.clock() - started))
                 found += promoted
-            if self.l3 is not None and len(found) < len(keys) and keys[len(found)] not in asked:
+            # L3 is asked for no more blocks than L1 has rows for: rows neither pinned nor holding the
+            # prefix found so far. A block fetched past that is dropped, its GET and checksum wasted and
+            # counted as an L3 hit it never was
+            room = self.capacity - len(self.pinned | self._protected)
+            if self.l3 is not None and 0 < room and len(found) < len(keys) and keys[len(found)] not in asked:
                 started = self.clock()
-                promoted = self._guarded(
-                    "l3 lookup", lambda: self._promote_l3(keys[len(found) :], hint, len(found))
-                )
+                rest = keys[len(found) : len(found) + room]
+                promoted = self._guarded("l3 lookup", lambda: self._promote_l3(rest, hint, len(found)))
                 self._pending.append(("l3", len(promoted), self.clock() - started))
                 found += promoted
         finally:
@@ -232,7 +235,9 @@ class PrefixCache:
     def _promote_l3(self, rest: list[bytes], hint: PrefixHint | None, skip: int) -> list[bytes]:
         """The blocks of `rest` (the chain past its first `skip` blocks) that L3 holds, in L1."""
         present = None if hint is None or hint.probe is None else self.l3.wait_probe(hint.probe)
-        return self._promote(rest, self.l3.fetch(rest, None if present is None else present[skip:]))
+        if present:  # [] is a failed probe
+            present = present[skip : skip + len(rest)]
+        return self._promote(rest, self.l3.fetch(rest, present))
 
     def _guarded(self, where: str, promote: Callable[[], list[bytes]]) -> list[bytes]:
         """A lookup stage whose failure is a miss of that tier: the prefix found so far stands."""
