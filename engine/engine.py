@@ -25,7 +25,7 @@ from engine.detokenize import window_start
 from engine.observer import GuardedObserver, EngineObserver, EngineStats
 from engine.l3_prefetch import L3Prefetcher
 from engine.lookup_pool import LookupPool
-from engine.prefix_cache import PrefixCache, PrefixHint
+from engine.prefix_cache import PrefixCache, PrefixHint, block_keys
 from engine.queueing import Ewma, PolicyQueue
 from engine.requests import EngineRequest, check_params
 from engine.sampling import Sampler, TokenPicker
@@ -484,7 +484,8 @@ class Engine:
             self.prefill_template(*self.deferred_templates.pop(index))
 
     def prefill_template(self, prompt: list[int], tenant: str) -> int:
-        """Load a hot prefix into the prefix cache (pinned) through slot 0; returns blocks stored.
+        """Load a hot prefix into the prefix cache (pinned) through slot 0; returns how many of its full
+        blocks the cache holds now, head first (0: nothing a request could reuse).
 
         Blocks the warmup's L3 prefetch fetched for it are adopted first (L3 is not asked again)."""
         if self.prefix_cache is None or len(prompt) < 2:
@@ -494,7 +495,10 @@ class Engine:
             self.prefix_cache.adopt(fetched.keys, fetched.blocks, fetched.waited_s)
         slot = self.runner.widest_slot
         self.prefill(slot, prompt, tenant)
-        return self.prefix_cache.store(slot, prompt, tenant, pin=True)
+        cache = self.prefix_cache
+        cache.store(slot, prompt, tenant, pin=True)
+        keys = block_keys(prompt, cache.block_size, cache.salt(tenant))
+        return sum(1 for _ in itertools.takewhile(cache.index.__contains__, keys))
 
     def _drain_queue(self) -> list[EngineRequest]:
         with self._lock:

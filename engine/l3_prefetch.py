@@ -50,10 +50,15 @@ class L3Prefetcher:
         chain_keys: Callable[[Sequence[int], str], list[bytes]],
         prefixes: Sequence[tuple[Sequence[int], str]],
         on_ready: Callable[[], None] | None = None,
+        max_blocks: int | None = None,
     ):
         """`chain_keys` is `PrefixCache.chain_keys`; `on_ready` is called (outside this object's lock)
-        whenever a fetch completes or the prefetch ends, so an idle engine re-checks its deferred work."""
+        whenever a fetch completes or the prefetch ends, so an idle engine re-checks its deferred work.
+        `max_blocks` (None: no bound): the most fetched blocks held here untaken; the next fetch waits for
+        `take` below it (the prefix cache's capacity: a long hot list must not sit in host memory whole)."""
         self.l3 = l3
+        self.max_blocks = max_blocks
+        self._held = 0  # blocks of completed, untaken results
         self.chain_keys = chain_keys
         self.on_ready = on_ready
         self._order: list[tuple[PrefixKey, Sequence[int], str]] = []
@@ -114,6 +119,8 @@ class L3Prefetcher:
             del self._results[key]
             result.waited_s = self._waited.pop(key, 0.0)
             self.blocks_used += len(result.blocks)
+            self._held -= len(result.blocks)
+            self._cond.notify_all()  # room for the next fetch
             return result
 
     def close(self) -> None:
@@ -122,6 +129,7 @@ class L3Prefetcher:
             self._closed = True
             self._give_up_locked()
             self._results.clear()
+            self._held = 0
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
@@ -151,6 +159,8 @@ class L3Prefetcher:
         try:
             for key, prompt, tenant in self._order:
                 with self._cond:
+                    if self.max_blocks is not None:  # until the engine took enough of what is held
+                        self._cond.wait_for(lambda: self._closed or self._held < max(1, self.max_blocks))
                     if self._closed or key not in self._results:
                         continue
                 errors = _errors(self.l3)
@@ -168,6 +178,7 @@ class L3Prefetcher:
                     self._count_locked(outcome)
                     if key in self._results:
                         self._results[key] = result
+                        self._held += len(blocks)
                         self.blocks += len(blocks)
                         self.bytes += len(blocks) * self.l3.block_bytes
                     self._cond.notify_all()

@@ -189,12 +189,17 @@ def prefill_templates(
             engine.deferred_templates.extend(hot_prefixes[index:])
             break
         try:
-            engine.prefill_template(prompt, tenant)
-            loaded += 1
+            cached = engine.prefill_template(prompt, tenant)
         except Exception as exc:  # one broken template never blocks the others
             report.failures.append(
                 {"stage": f"prefix_templates:{index}", "error": f"{type(exc).__name__}: {exc}"}
             )
+            continue
+        if cached:
+            loaded += 1
+        else:  # computed, but no block of it is cached (shorter than one block, or the store failed)
+            error = f"nothing cached: {len(prompt)} tokens, no full block of it in the prefix cache"
+            report.failures.append({"stage": f"prefix_templates:{index}", "error": error})
     report.prefill_loaded = loaded
     report.prefill_deferred = len(engine.deferred_templates)
     if prefetch is not None:
@@ -310,7 +315,9 @@ def run_warmup(
     if l3_prefetch and hot_prefixes and cache is not None and cache.l3 is not None:
         if engine.template_prefetch is not None:  # a second warmup of the same engine
             engine.template_prefetch.close()
-        prefetcher = L3Prefetcher(cache.l3, cache.chain_keys, hot_prefixes, on_ready=engine.wake)
+        prefetcher = L3Prefetcher(
+            cache.l3, cache.chain_keys, hot_prefixes, on_ready=engine.wake, max_blocks=cache.capacity
+        )
         engine.template_prefetch = prefetcher
         prefetcher.start()
     deadline = time.perf_counter() + budget_s if budget_s > 0 else float("inf")
