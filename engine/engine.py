@@ -625,7 +625,7 @@ class Engine:
             return None
         for entry in itertools.islice(self._queue.entries(), scan):
             if (slot := self._fitting_slot(self._reserved_len(entry.item))) is not None:
-                return self._queue.remove(entry.key), slot
+                return self._queue.take(entry.key), slot  # served: charged to its tenant, as a pop is
         return None
 
     def _victim_locked(self, head: EngineRequest, need: int) -> _Active | None:

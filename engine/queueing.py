@@ -83,6 +83,6 @@ class PolicyQueue:
         expires = self.requeue_expires_ns(request) if requeue else self.expires_ns(request)
         self.queue.push(
             request, priority, deadline, key=request.request_id, tenant=request.params.tenant, cost=cost,
-            check_capacity=not requeue, expires_ns=expires,
+            check_capacity=not requeue, expires_ns=expires, tier=self._tier(request).name,
         )  # fmt: skip
         return expires

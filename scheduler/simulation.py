@@ -50,6 +50,16 @@ class EngineSpec:
     prefill_tokens_per_s: float = 20_000.0
     decode_step_s: float = 0.02
 
+    def __post_init__(self) -> None:
+        # with no slot nothing ever leaves the queue: `simulate` would loop forever
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ValueError(f"EngineSpec.slots must be an int >= 1, got {self.slots!r}")
+        if not (self.prefill_tokens_per_s > 0 and math.isfinite(self.prefill_tokens_per_s)):
+            rate = self.prefill_tokens_per_s
+            raise ValueError(f"EngineSpec.prefill_tokens_per_s must be finite and > 0, got {rate!r}")
+        if not (self.decode_step_s >= 0 and math.isfinite(self.decode_step_s)):
+            raise ValueError(f"EngineSpec.decode_step_s must be finite and >= 0, got {self.decode_step_s!r}")
+
 
 @dataclass(frozen=True)
 class SimConfig:

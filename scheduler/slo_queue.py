@@ -266,12 +266,14 @@ class SloQueue(Generic[T]):
         cost: float = 1.0,
         now_ns: int | None = None,
         check_capacity: bool = True,
+        tier: str | None = None,
     ) -> Hashable:
         """Queue `item`; returns its key (the given one, else a fresh sequence number) for `remove`.
 
         `cost` is what serving it charges the tenant's counter (e.g. prompt + expected output tokens);
         `now_ns` is its arrival time for aging (default: the clock). Raises QueueFull at capacity,
-        unless `check_capacity` is False (work taken back from a slot must not be dropped).
+        unless `check_capacity` is False (work taken back from a slot must not be dropped); `tier` is the
+        name a refusal gives (default: the tier of `priority`, which a policy may have flattened).
         """
         priority = int(priority)
         cost = float(cost)
@@ -280,7 +282,7 @@ class SloQueue(Generic[T]):
         if key is not None and key in self._live:
             raise ValueError(f"key {key!r} is already queued; keys must be unique among queued items")
         if check_capacity:
-            self._check_capacity(priority)
+            self._check_capacity(priority, tier)
         now = self._clock() if now_ns is None else int(now_ns)
         seq = self._next_seq
         self._next_seq += 1
@@ -314,6 +316,20 @@ class SloQueue(Generic[T]):
 
     def pop_entry(self, now_ns: int | None = None) -> SloEntry[T]:
         entry = self.peek_entry(now_ns)
+        self._serve(entry)
+        return entry
+
+    def take(self, key: Hashable) -> T | None:
+        """Serve a queued item out of turn (e.g. a backfill into a slot the head cannot use): removed as
+        `remove` does, but charged to its tenant's fair-share counter as `pop` charges; None if not queued."""
+        entry = self._live.get(key)
+        if entry is None:
+            return None
+        self._serve(entry)
+        return entry.item
+
+    def _serve(self, entry: SloEntry[T]) -> None:
+        """Charge `entry`'s tenant for it (VTC) and take it off the queue."""
         bucket = self._buckets[entry.priority]
         lane = self._lane(entry.tenant)
         counter = self._counters.get((entry.priority, lane), bucket.mark)
@@ -321,7 +337,6 @@ class SloQueue(Generic[T]):
         self._counters[(entry.priority, lane)] = counter + entry.cost / self.tenant_weight(entry.tenant)
         self._discard(entry)
         self._refresh_lane(bucket, lane)
-        return entry
 
     def peek(self, now_ns: int | None = None) -> T:
         """The item `pop` would return at the same time, without removing it; IndexError when empty."""
@@ -403,14 +418,15 @@ class SloQueue(Generic[T]):
     def _lane(self, tenant: str) -> str:
         return tenant if self._fair_share else DEFAULT_TENANT
 
-    def _check_capacity(self, priority: int) -> None:
+    def _check_capacity(self, priority: int, tier: str | None = None) -> None:
+        name = self._name(priority) if tier is None else tier
         if self._max_len is not None and len(self._live) >= self._max_len:
-            raise QueueFull(self._name(priority), priority, len(self._live), self._max_len, "in all tiers")
+            raise QueueFull(name, priority, len(self._live), self._max_len, "in all tiers")
         limit = self._tier_max_len.get(priority)
         bucket = self._buckets.get(priority)
         queued = bucket.live if bucket else 0
         if limit is not None and queued >= limit:
-            raise QueueFull(self._name(priority), priority, queued, limit, "in this tier")
+            raise QueueFull(name, priority, queued, limit, "in this tier")
 
     def _level(self, priority: int, waited_ns: int) -> int:
         if priority <= self._floor or self._aging_ns == 0:

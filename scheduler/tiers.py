@@ -28,6 +28,27 @@ MAX_CPU_SCALE = 1000.0
 MAX_PRIORITY = 2**31 - 1  # the scheduler step's priority output is int32
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a mapping naming a key twice is refused: PyYAML keeps the last one
+    silently, so a tier (or a tier's field) written twice replaced the first without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base constructor explains it
+                break
+            if duplicate:
+                problem = f"found duplicate key {key!r}"
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, problem, key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _positive_number(value: object, high: float) -> bool:
     """In (0, high]: infinity (YAML's `.inf`) and NaN are refused at load, not by int() per request."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= high
@@ -190,20 +211,25 @@ class TierTable:
         raw_tiers = data.get("tiers")
         if not isinstance(raw_tiers, Mapping) or not raw_tiers:
             raise ValueError("tier config needs a non-empty 'tiers' mapping of name -> fields")
+        cpu_scale = data.get("cpu_scale", DEFAULT_CPU_SCALE)
+        if isinstance(cpu_scale, bool) or not isinstance(cpu_scale, (int, float)):
+            raise ValueError(f"cpu_scale must be a number in (0, {MAX_CPU_SCALE:g}], got {cpu_scale!r}")
         return cls(
             tiers=tuple(_tier_from_mapping(str(name), fields) for name, fields in raw_tiers.items()),
             default_name=str(data.get("default_tier", DEFAULT_TIER_NAME)),
-            cpu_scale=float(data.get("cpu_scale", DEFAULT_CPU_SCALE)),
+            cpu_scale=float(cpu_scale),
         )
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> TierTable:
         """Load from a YAML file; None loads the packaged default `scheduler/tiers.yaml`."""
         path = Path(path) if path is not None else DEFAULT_CONFIG_PATH
-        with path.open("r", encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
         try:
+            with path.open("r", encoding="utf-8") as fh:
+                data = yaml.load(fh, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
             return cls.from_mapping(data)
+        except yaml.constructor.ConstructorError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{path}: {exc}") from exc
 
