@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     runs = [json.loads(path.read_text(encoding="utf-8")) for path in args.runs]
+    seen: dict[str, Path] = {}  # a run given twice (or its copy) would count its rounds twice
+    for path, run in zip(args.runs, runs):
+        rounds = json.dumps([run.get(key) for key, _ in MODES], sort_keys=True)
+        if rounds in seen:
+            parser.error(f"{path} holds the same rounds as {seen[rounds]}: a run is pooled once")
+        seen[rounds] = path
     machines = sorted({run.get("machine", "?") for run in runs})
     if len(machines) > 1:
         parser.error(f"the runs come from different machines: {machines}")
@@ -84,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         if len(sizes) > 1:
             parser.error(f"the runs' turns {mode} are of different sizes: {sizes} requests")
+        clients = sorted({run[key]["concurrency"] for run in runs if (run.get(key) or {}).get("concurrency")})
+        if len(clients) > 1:  # 16 clients for 8 slots measure capacity, 8 a latency-bound load
+            parser.error(f"the runs {mode} ran different numbers of clients: {clients}")
     progress(f"pooling {len(runs)} runs of {machines[0]}")
     pooled = pooled_costs(runs)
     table = print_table(

@@ -278,7 +278,7 @@ class ProfiledRequest:
     experiment: str
     tier: str
     tenant: str
-    ttft_s: float
+    ttft_s: float | None  # to the first non-empty piece, as client.load's; None when none came
     total_s: float
     responses: int
     output_pieces: int
@@ -289,8 +289,9 @@ def read_perf_analyzer_profile(path: str | Path) -> list[ProfiledRequest]:
 
     Why: for this decoupled ensemble perf_analyzer 2.50's printed "latency" is the whole request (first
     request to last response), not time to first token; its profile export keeps every response's
-    timestamp (ns) and the inputs sent, so TTFT = first response - request timestamp, per tier,
-    comparable with client.load's TTFT.
+    timestamp (ns) and the inputs sent, so TTFT = first response with text - request timestamp, per
+    tier, comparable with client.load's TTFT (send -> first non-empty piece): a first token that ends
+    inside a UTF-8 character comes back as an empty piece, and the text waits for the next token.
     """
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     out = []
@@ -301,13 +302,19 @@ def read_perf_analyzer_profile(path: str | Path) -> list[ProfiledRequest]:
             if not stamps:
                 continue
             inputs = r.get("request_inputs", {})
-            pieces = sum(1 for o in r.get("response_outputs", []) if o.get("text_output"))
+            outputs = r.get("response_outputs", [])
+            pieces = sum(1 for o in outputs if o.get("text_output"))
+            if len(outputs) == len(stamps):  # one output per response: the first one with text
+                texts = [stamp for stamp, o in zip(stamps, outputs) if o.get("text_output")]
+                first = texts[0] if texts else None
+            else:  # no outputs exported: the first response
+                first = stamps[0]
             out.append(
                 ProfiledRequest(
                     label,
                     str(inputs.get("slo_tier", "")),
                     str(inputs.get("tenant", "")),
-                    (stamps[0] - r["timestamp"]) / 1e9,
+                    None if first is None else (first - r["timestamp"]) / 1e9,
                     (stamps[-1] - r["timestamp"]) / 1e9,
                     len(stamps),
                     pieces,

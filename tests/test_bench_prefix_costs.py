@@ -87,4 +87,7 @@ def test_the_pool_refuses_runs_whose_turns_differ_in_size(tmp_path):
         paths[-1].write_text(json.dumps(saved(per_turn)))
     with pytest.raises(SystemExit):
         main([str(p) for p in paths] + ["--tag", "t", "--out-dir", str(tmp_path)])
-    assert main([str(paths[0]), str(paths[0]), "--tag", "t", "--out-dir", str(tmp_path)]) == 0
+    same = tmp_path / "r10-again.json"
+    same.write_text(json.dumps(saved(10) | {"date": "another run"}))
+    same.write_text(same.read_text().replace("99.0", "98.0"))
+    assert main([str(paths[0]), str(same), "--tag", "t", "--out-dir", str(tmp_path)]) == 0

@@ -38,7 +38,7 @@ def test_the_report_is_written_and_runs_of_different_machines_are_refused(tmp_pa
     paths = []
     for i, machine in enumerate(["gpu box", "gpu box", "cpu box"]):
         paths.append(tmp_path / f"run{i}.json")
-        paths[-1].write_text(json.dumps(saved_run(99.0, loaded=True, machine=machine)))
+        paths[-1].write_text(json.dumps(saved_run(99.0 - i / 2, loaded=True, machine=machine)))  # 3 runs
     assert main([str(p) for p in paths[:2]] + ["--tag", "t", "--out-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "prefix-cache-pooled-t.json").read_text())
     assert report["machine"] == "gpu box" and len(report["pooled"]) == 6
