@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -117,11 +118,40 @@ def cache_counters() -> dict[str, int]:
     return {name: int(counters[group][counter]) for name, (group, counter) in _COUNTERS.items()}
 
 
+def check_trusted(cache: CompileCache) -> None:
+    """Raise PermissionError unless the cache directory is this user's (or root's) and no one else may
+    write it. What it holds is code the engine runs (inductor's pickled FX-graph entries, compiled .so
+    kernels, artifacts.bin hot-loaded into them), and the default lives in /tmp, where any local user
+    can create it first. Group-writable is allowed (a volume shared through a group, e.g. fsGroup);
+    world-writable only for compile_cache_dir itself with the sticky bit (as /tmp), since then the
+    keyed directory below, checked too, can only be its owner's."""
+    uid = os.geteuid()
+    root = cache.path.parent
+    for path in (root, cache.path, cache.inductor_dir, cache.artifacts_path):
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_uid not in (uid, 0):
+            raise PermissionError(
+                f"compile_cache_dir: {path} belongs to uid {info.st_uid}, not this process's ({uid}); "
+                "not trusted, compiling without the cache"
+            )
+        sticky_root = path == root and info.st_mode & stat.S_ISVTX
+        if info.st_mode & stat.S_IWOTH and not sticky_root:
+            raise PermissionError(
+                f"compile_cache_dir: {path} is writable by every user (mode {stat.S_IMODE(info.st_mode):o}); "
+                "not trusted, compiling without the cache"
+            )
+
+
 def activate(cache: CompileCache) -> bool:
     """Point inductor at the keyed directory; hot-load artifacts.bin when that directory holds no
-    cache yet. Returns whether artifacts were loaded."""
+    cache yet. Returns whether artifacts were loaded. PermissionError (nothing activated) for a
+    directory another user controls (`check_trusted`)."""
     from torch._inductor.utils import clear_caches
 
+    check_trusted(cache)
     had_entries = cache.inductor_dir.is_dir() and any(cache.inductor_dir.iterdir())
     cache.inductor_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache.inductor_dir.resolve())
@@ -132,6 +162,14 @@ def activate(cache: CompileCache) -> bool:
     if had_entries or not cache.artifacts_path.exists():
         return False
     return torch.compiler.load_cache_artifacts(cache.artifacts_path.read_bytes()) is not None
+
+
+def set_aside(cache: CompileCache) -> Path:
+    """Move a cache directory that failed a compile out of the key's way (kept for the operator to
+    look at and delete, like old versions' directories); the next `activate` starts it empty."""
+    aside = cache.path.with_name(f"{cache.path.name}.failed-{os.getpid()}-{time.time_ns()}")
+    os.replace(cache.path, aside)
+    return aside
 
 
 def save_artifacts(cache: CompileCache) -> int:
@@ -175,9 +213,12 @@ def compile_decode_buckets(
 
         inductor_config.compile_threads = 1
     before = cache_counters()
+    active = reused = False
     try:
+        reused = cache.inductor_dir.is_dir() and any(cache.inductor_dir.iterdir())
         info["artifacts_loaded"] = activate(cache)
-    except Exception as exc:  # an unreadable cache costs a cold compile, never the load
+        active = True
+    except Exception as exc:  # an unreadable (or untrusted) cache costs a cold compile, never the load
         failures.append({"stage": "compile:cache", "error": f"{type(exc).__name__}: {exc}"})
     failed = False
     for bucket in order:
@@ -187,7 +228,22 @@ def compile_decode_buckets(
         try:
             runner.compile_decode(bucket)
         except Exception as exc:
-            failures.append({"stage": f"compile:{bucket}", "error": f"{type(exc).__name__}: {exc}"[:2000]})
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+            if active and (reused or info["artifacts_loaded"]) and "cache_set_aside" not in info:
+                # what an earlier start left may be what failed: a kernel a killed link (model-load
+                # timeout) or a full disk left truncated, which inductor only checks exists and would
+                # load on every start. Set the directory aside and compile this bucket anew, once.
+                try:
+                    info["cache_set_aside"] = str(set_aside(cache))
+                    failures.append({"stage": "compile:cache", "error": f"{error}; cache set aside"})
+                    activate(cache)
+                    runner.compile_decode(bucket)
+                except Exception as retry_exc:
+                    error = f"{type(retry_exc).__name__}: {retry_exc}"[:2000]
+                else:
+                    info["compiled_buckets"].append(bucket)
+                    continue
+            failures.append({"stage": f"compile:{bucket}", "error": error})
             info["eager_buckets"].append(bucket)
             failed = True
             continue
@@ -201,7 +257,7 @@ def compile_decode_buckets(
         info["outcome"] = "hit"
     else:  # nothing looked up: dynamo reused code compiled earlier in this process, or nothing compiled
         info["outcome"] = "in_process" if info["compiled_buckets"] else "none"
-    if delta["fxgraph_miss"] or delta["aot_miss"]:
+    if active and (delta["fxgraph_miss"] or delta["aot_miss"]):
         try:
             info["artifacts_saved_bytes"] = save_artifacts(cache)
         except Exception as exc:

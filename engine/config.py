@@ -205,8 +205,11 @@ class EngineConfig:
         for name, least, meaning in MINIMUMS:
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}{meaning}, got {getattr(self, name)}")
-        if self.seed >= 2**63:
-            raise ValueError(f"seed must be < 2**63, got {self.seed}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            # sizes end up in tensor shapes and C longs: past int64 torch raised a TypeError naming nothing
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 2**63:
+                raise ValueError(f"parameter {f.name} must be < 2**63, got {value}")
         if not 0.0 < self.semantic_threshold <= 1.0:
             raise ValueError(f"semantic_threshold is a cosine in (0, 1], got {self.semantic_threshold}")
         if not 0.0 <= self.semantic_pair_min <= 1.0:

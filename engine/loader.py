@@ -378,7 +378,8 @@ def load_engine(
     model = model.to(config.device).eval()
     try:
         runner = ModelRunner(model, plan.slots, max_len, buckets, pools)
-    except (RuntimeError, MemoryError) as exc:  # the allocator's words name no parameter: say which
+    except (RuntimeError, MemoryError, OverflowError, TypeError) as exc:  # the allocator's words (or
+        # torch's "Overflow when unpacking long long" for a size past int64) name no parameter: say which
         tokens = sum(capacity * count for capacity, count in pools)
         raise ValueError(
             f"the KV slots ({plan.slots} slots, {tokens} token positions: max_batch_size="

@@ -39,6 +39,18 @@ def _input_or_parameter(request, extra, name):
     return value if value is not None else extra.get(name)
 
 
+def _int_parameter(params, name, default, least):
+    """An integer model-config parameter, refused naming it (as the engine's config does)."""
+    raw = params.get(name, default)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"parameter {name}={raw!r} is not an integer") from None
+    if value < least:
+        raise ValueError(f"parameter {name} must be >= {least}, got {value}")
+    return value
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
@@ -46,11 +58,12 @@ class TritonPythonModel:
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         treat_special_tokens(tokenizer, params.get("prompt_special_tokens", "text"))
         tiers = TierTable.load(params["tiers_file"]) if params.get("tiers_file") else TierTable.defaults()
-        max_seq_len = int(params.get("max_seq_len", "2048"))
-        max_prompt = max_seq_len - 1
+        max_seq_len = _int_parameter(params, "max_seq_len", "2048", least=2)
+        max_len = model_max_len(model_dir, max_seq_len)  # the engine's served limit (position embeddings)
+        max_prompt = max_len - 1
+        max_new_tokens = _int_parameter(params, "max_new_tokens", "512", least=1)
         exact_fingerprint = None
         if parse_bool("response_cache", params.get("response_cache", "true")):  # the engine's, same default
-            max_len = model_max_len(model_dir, max_seq_len)
             exact_fingerprint = serving_fingerprint(model_dir, max_len, params.get("dtype", "float32"))
         self.encoder = PrefixTokenizer(tokenizer)
         self.encoder.warm()
@@ -62,7 +75,7 @@ class TritonPythonModel:
             encode=self.encoder,
             limits=Limits(
                 max_prompt_tokens=max_prompt,
-                max_new_tokens=int(params.get("max_new_tokens", "512")),
+                max_new_tokens=max_new_tokens,
                 max_prompt_chars=max_prompt_chars(tokenizer, max_prompt),
             ),
             tiers=tiers.for_device(params.get("device", "cpu")),
