@@ -28,6 +28,11 @@ from typing import Any
 from cache.wrong_type import DROP_OTHER_TYPE, is_wrong_type
 
 ANNOUNCE_SEPARATOR = "\n"
+# The subscription is PINGed this often, and dropped when its PONG has not come back by the next PING:
+# redis-py's health check only sends its PING, so a peer gone silent (a partition, a lost conntrack entry)
+# went unnoticed until TCP gave up (~15 minutes), every announcement meanwhile lost while "synced".
+PING_EVERY_S = 5.0
+PING_MESSAGE = b"key-directory"
 
 
 INDEX_CLOCK_MARGIN_S = 60.0  # an index name is pruned this long after its expiry by the writer's clock
@@ -249,10 +254,12 @@ class KeyDirectory:
         self.rescan_s = rescan_s
         self._log = log or (lambda message: None)
         # Its own connections, with room for a SCAN page: the serving clients' timeouts are
-        # milliseconds. Health checks PING the subscription, so a silent dead peer is noticed too.
+        # milliseconds. A silent dead peer is noticed by `_follow`'s own PING (PING_EVERY_S): redis-py's
+        # health check sends one but never waits for its answer.
         self._client = redis.Redis.from_url(
             redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=5
         )
+        self._timeout_s = timeout_s
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._keys: set[str] = set()
         self._scan_listeners: list[Callable[[set[str]], None]] = []
@@ -363,13 +370,29 @@ class KeyDirectory:
                     raise TimeoutError(f"no confirmation of the subscription to {self.channel}")
             self._rescan()
             rescan_at = time.monotonic() + self.rescan_s
+            ping_at, pong_by = time.monotonic() + PING_EVERY_S, None
             while not self._stop.is_set():
                 message = pubsub.get_message(timeout=0.5)
-                if message is not None and message.get("type") == "message":
+                kind = None if message is None else message.get("type")
+                if kind == "message":
                     self._apply(message["data"])
-                if time.monotonic() >= rescan_at:
+                elif kind == "pong" and message.get("data") == PING_MESSAGE:
+                    pong_by = None
+                elif kind == "subscribe":
+                    # redis-py reconnected and resubscribed by itself (a URL asking for retries): what was
+                    # announced while it was away is lost, so this is a reconnect, which rescans
+                    raise ConnectionError(f"the subscription to {self.channel} was renewed under us")
+                now = time.monotonic()
+                if pong_by is not None and now > pong_by:
+                    raise TimeoutError(f"no answer to a PING on the subscription to {self.channel}")
+                if pong_by is None and now >= ping_at:
+                    pubsub.ping(PING_MESSAGE)
+                    ping_at, pong_by = now + PING_EVERY_S, now + PING_EVERY_S + self._timeout_s
+                if now >= rescan_at:
                     self._rescan()
                     rescan_at = time.monotonic() + self.rescan_s
+                    if pong_by is not None:  # the scan's time is not the subscription's
+                        pong_by = time.monotonic() + PING_EVERY_S + self._timeout_s
         finally:
             self._synced = False
             pubsub.close()

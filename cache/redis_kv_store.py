@@ -209,14 +209,17 @@ class RedisKVStore:
             pairs = list(zip(names, values))
             return write_announced(self.client, self.namespace, pairs, self.ttl_s, index, quota, head_names)
 
+        adds = None if self.directory is None else self.directory.adds  # before the trim: see below
         written = self._call(op, write=True)
         if isinstance(written, _Unavailable):
             return ChainWrite(0, [])
         gone = set(written.evicted)
         if self.directory is not None:
-            self.directory.add(name for name, r in zip(names, written.stored) if r and name not in gone)
+            # before this write's own add: a name the trim deleted that another replica wrote again since
+            # (its announcement applied already) stays listed; the evicted may stay listed (one GET)
             for name in written.evicted:
-                self.directory.discard(name)
+                self.directory.discard(name, unless_added_since=adds)
+            self.directory.add(name for name, r in zip(names, written.stored) if r and name not in gone)
         stored = sum(1 for r in written.stored if r)
         if written.trim_error is not None:
             self.last_error = f"tenant quota trim: {written.trim_error}"
@@ -313,16 +316,18 @@ class RedisKVStore:
         which is deleted and counted (one round trip, on a path where the probe was wrong anyway): a
         block name holding a hash reads as missing to MGET while the probe's EXISTS finds it, so every
         lookup of its chain would pay for a load that finds nothing."""
+        adds = None if self.directory is None else self.directory.adds  # a write after the DEL stays listed
         if self._call(lambda: self._drop_other_type(keys=[name], args=["string"])) == 1:
             self._count_bad("checksum_failures", TypeError(f"{name} held another Redis type"))
             if self.directory is not None:
-                self.directory.discard(name)
+                self.directory.discard(name, unless_added_since=adds)
 
     def discard(self, name: str, value: bytes) -> bool:
         """Delete the value at Redis key `name` if it still equals `value`; True when deleted."""
+        adds = None if self.directory is None else self.directory.adds  # a write after the DEL stays listed
         deleted = self._call(lambda: self._delete_if_unchanged(keys=[name], args=[value])) == 1
         if deleted and self.directory is not None:  # spared (rewritten meanwhile): still there
-            self.directory.discard(name)
+            self.directory.discard(name, unless_added_since=adds)
         return deleted
 
     def exists_chain(self, keys: Sequence[bytes]) -> int:

@@ -473,13 +473,14 @@ class ExactResponseCache(RedisCacheBase):
         script, args = (
             (self._drop_other_type, ["string"]) if raw is _WRONG_TYPE else (self._delete_if_unchanged, [raw])
         )
+        adds = None if self.directory is None else self.directory.adds  # a write after the DEL stays listed
         try:
             deleted = script(keys=[key], args=args) == 1
         except self._redis_errors:
             self._fail()
             return
         if deleted:
-            self._forget(key)
+            self._forget(key, unless_added_since=adds)
 
     def put(
         self,
@@ -504,6 +505,7 @@ class ExactResponseCache(RedisCacheBase):
         if not self._may_write():
             return False
         index = self.tenant_index(params.tenant) if self.tenant_max_entries else None
+        adds = None if self.directory is None else self.directory.adds  # before the trim: see below
         try:
             written = write_announced(
                 self.client,
@@ -518,8 +520,8 @@ class ExactResponseCache(RedisCacheBase):
             self._write_failed(exc)
             return False
         self.breaker.record_success()
-        for name in written.evicted:
-            self._forget(name)
+        for name in written.evicted:  # unless written again (and announced) since: still there
+            self._forget(name, unless_added_since=adds)
         self._count("quota_evictions", len(written.evicted))
         self._count("bad_indexes", int(written.repaired_index))
         if written.trim_error is not None:  # the write took; the next write trims

@@ -57,11 +57,12 @@ class WriteBehind(Generic[T]):
             if self._closed:
                 return
             self._closed = True
+        deadline = time.monotonic() + timeout_s  # one bound for both waits, not one each
         try:
             self._items.put(None, timeout=timeout_s)
         except queue.Full:  # the writer stops on its own once it has emptied the queue
             return
-        self._thread.join(timeout=timeout_s)
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
         while True:
