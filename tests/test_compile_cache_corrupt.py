@@ -11,22 +11,8 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import MODEL_DIR
-from engine.config import EngineConfig
 from engine.loader import load_engine
-
-
-def _config(cache_dir: Path) -> EngineConfig:
-    return EngineConfig(
-        model_dir=str(MODEL_DIR),
-        max_seq_len=32,
-        prompt_buckets=(32,),
-        max_batch_size=2,
-        prefix_cache_blocks=0,
-        prefill_templates="",
-        compile=True,
-        compile_cache_dir=str(cache_dir),
-    )
+from tests.test_compile_cache import _config
 
 
 def _start(cache_dir: Path):

@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import MODEL_DIR
 from engine.config import EngineConfig
 from engine.loader import load_engine
+from tests.test_engine_config_limits import BASE as LIMITS_BASE
 
-BASE = {
-    "model_dir": str(MODEL_DIR),
-    "response_cache": "false",
-    "l3_kv_cache": "false",
-    "prompt_buckets": "16,64",
-    "max_seq_len": "128",
-    "warmup": "false",
-    "min_batch_size": "1",
-}
+BASE = LIMITS_BASE | {"warmup": "false", "min_batch_size": "1"}
 
 
 @pytest.mark.parametrize("slots", [str(10**30), str(2**63)])

@@ -7,18 +7,8 @@ from __future__ import annotations
 
 from engine.l2_pool import HostBlockPool
 from engine.prefix_cache import PrefixCache
-from tests.test_prefix_cache_random import BLOCK, SlotRunner, truth
-
-
-def prefill_and_store(cache: PrefixCache, runner: SlotRunner, prompt: list[int], tenant: str, pin=False):
-    keys = cache.chain_keys(prompt, tenant)
-    hits = cache.lookup(prompt, tenant)
-    if hits:
-        cache.load(0, hits)
-    assert [float(v) for v in runner.kv[0, : len(hits)]] == [truth(k) for k in keys[: len(hits)]]
-    runner.compute(0, keys, len(hits))
-    cache.store(0, prompt[: len(keys) * BLOCK], tenant, pin=pin)
-    return hits
+from tests.test_prefix_cache_random import BLOCK, SlotRunner
+from tests.test_prefix_cache_random import serve as prefill_and_store
 
 
 def test_l2_never_pins_a_warmed_tail_whose_head_it_does_not_keep():

@@ -90,8 +90,8 @@ def check(cache: PrefixCache, where: str) -> None:
             assert float(l2.pool[slot].flatten()[0]) == truth(key), f"{where}: L2 slot {slot} holds another"
 
 
-def serve(cache: PrefixCache, runner: SlotRunner, prompt: list[int], tenant: str, pin: bool) -> None:
-    """What the engine's prefill and its later store do for one request on slot 0."""
+def serve(cache: PrefixCache, runner: SlotRunner, prompt: list[int], tenant: str, pin: bool = False) -> list:
+    """What the engine's prefill and its later store do for one request on slot 0; returns its hits."""
     keys = cache.chain_keys(prompt, tenant)
     hits = cache.lookup(prompt, tenant)
     if hits:
@@ -99,6 +99,7 @@ def serve(cache: PrefixCache, runner: SlotRunner, prompt: list[int], tenant: str
     assert [float(v) for v in runner.kv[0, : len(hits)]] == [truth(k) for k in keys[: len(hits)]]
     runner.compute(0, keys, len(hits))
     cache.store(0, prompt[: len(keys) * BLOCK], tenant, pin=pin)
+    return hits
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -49,15 +49,8 @@ def test_a_misspelled_template_key_is_an_error_not_a_silent_default(tmp_path: Pa
     assert "tennant" in err.getvalue()
 
 
-def test_the_shipped_templates_and_merge_keys_still_load(tmp_path: Path) -> None:
-    assert len(wj.load_templates(REPO / "data" / "slo_templates.yaml")) == 4
-    path = tmp_path / "t.yaml"
-    path.write_text(
-        "common: &acme {tenant: acme}\n"
-        "scenarios:\n"
-        "  - <<: *acme\n    scenario: checkout\n    prompt: You are the checkout assistant.\n"
-    )
-    assert wj.load_templates(path) == [wj.SloTemplate("checkout", "acme", "You are the checkout assistant.")]
+def test_the_shipped_templates_still_load() -> None:
+    assert len(wj.load_templates(REPO / "data" / "slo_templates.yaml")) == 4  # merge keys: test_warmup_job
 
 
 # ---- Bug 2: a UTF-8 byte order mark at the start of the log drops its first record
