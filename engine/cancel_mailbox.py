@@ -39,12 +39,20 @@ class CancelMailbox:
         inbox.mkdir(parents=True, exist_ok=True)
         return inbox
 
+    def close_inbox(self, namespace: int) -> None:
+        """Remove the engine's inbox at unload: later posts for it are refused (`post` returns False)
+        instead of piling up where no engine collects them."""
+        shutil.rmtree(self.inbox(namespace), ignore_errors=True)
+
     def post(self, namespace: int, key: int) -> bool:
         """Leave a notice; False when no engine with that namespace has an inbox."""
         inbox = self.inbox(namespace)
         if not inbox.is_dir():
             return False
-        (inbox / str(key)).touch()
+        try:
+            (inbox / str(key)).touch()
+        except FileNotFoundError:  # the engine unloaded meanwhile (`close_inbox`)
+            return False
         return True
 
     def collect(self, namespace: int) -> set[str]:

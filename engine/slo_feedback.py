@@ -16,8 +16,8 @@ import math
 import threading
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Callable
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from cache.wrong_type import is_wrong_type
@@ -29,6 +29,9 @@ from scheduler.tiers import TierTable
 CLOCK_SKEW_S = 5.0  # replicas' clocks may differ by this much; a window dated further ahead is bad
 MAX_COUNT = 10**9  # requests in one replica's window: anything above is bit rot, not traffic
 MAX_P_MS = 1e9  # about 11 days: a first-token latency above is bit rot, and would overflow the mean
+# The most recent first-token latencies a window keeps per tier (~32 bytes each): a window nobody takes
+# (no Redis, so no loop thread; a tick stuck on a slow Redis) grew by one per request for good.
+MAX_WINDOW_SAMPLES = 16384
 
 # Delete fields only if they still hold what this replica read: their owner may have rewritten them.
 _HDEL_UNCHANGED = (
@@ -38,26 +41,34 @@ _HDEL_UNCHANGED = (
 )
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Iterable[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100.0 * len(ordered)) - 1)]
 
 
 class TierLatencyWindow:
-    """First-token latencies of the current window, per tier (engine thread writes, loop reads)."""
+    """First-token latencies of the current window, per tier (engine thread writes, loop reads); the
+    most recent MAX_WINDOW_SAMPLES per tier. `enabled` False: nothing is kept (no loop takes them)."""
 
     def __init__(self) -> None:
-        self._samples: dict[str, list[float]] = defaultdict(list)
+        self.enabled = True
+        self._samples: dict[str, deque[float]] = defaultdict(_window)
         self._lock = threading.Lock()
 
     def observe(self, tier: str, ttft_ms: float) -> None:
+        if not self.enabled:
+            return
         with self._lock:
             self._samples[tier].append(ttft_ms)
 
-    def take(self) -> dict[str, list[float]]:
+    def take(self) -> dict[str, deque[float]]:
         with self._lock:
-            samples, self._samples = self._samples, defaultdict(list)
+            samples, self._samples = self._samples, defaultdict(_window)
         return samples
+
+
+def _window() -> deque[float]:
+    return deque(maxlen=MAX_WINDOW_SAMPLES)
 
 
 class SloFeedbackLoop:
@@ -92,6 +103,7 @@ class SloFeedbackLoop:
                 self._hdel_unchanged = self.client.register_script(_HDEL_UNCHANGED)
             except StoreUnavailable as exc:
                 log(f"SLO feedback off: {exc}")
+        self.window.enabled = self.client is not None  # no loop thread then: nothing takes the window
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failures = 0  # ticks Redis failed (down, slow): the last weights stayed

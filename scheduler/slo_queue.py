@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -40,6 +41,10 @@ from scheduler.tiers import TierTable
 
 T = TypeVar("T")
 DEFAULT_TENANT = "default"
+# Idle tenants whose counters are kept (they served more than a comeback's lift): each costs a dict entry
+# and an LRU entry (~250 bytes). Past it the longest idle one's counter goes, and its next request is lifted
+# as a newcomer's: one-off tenants (a tenant per end user) grew the table for the process's life.
+IDLE_COUNTERS = 4096
 
 
 class QueueFull(RequestError):
@@ -153,6 +158,7 @@ class SloQueue(Generic[T]):
     never overtakes the top tier; with a single tier, that tier's priority).
     `fair_share`: False serves a tier by EDF across all tenants (a baseline for the simulator).
     `tier_max_len`: optional per-tier limits (by name or priority), on top of the global `max_len`.
+    `idle_counters` (default IDLE_COUNTERS): how many idle tenants' counters are kept at most.
     """
 
     def __init__(
@@ -165,6 +171,7 @@ class SloQueue(Generic[T]):
         tier_max_len: Mapping[str | int, int] | None = None,
         fair_share: bool = True,
         clock: Callable[[], int] = time.monotonic_ns,
+        idle_counters: int | None = None,
     ) -> None:
         self.tiers = tiers if tiers is not None else TierTable.defaults()
         self._names = {}
@@ -183,6 +190,9 @@ class SloQueue(Generic[T]):
         self._buckets: dict[int, _Bucket[T]] = {}
         self._live: dict[Hashable, SloEntry[T]] = {}
         self._counters: dict[tuple[int, str], float] = {}
+        # (priority, lane) of the idle tenants whose counter is kept, the longest idle first (bounded)
+        self._idle: OrderedDict[tuple[int, str], None] = OrderedDict()
+        self._idle_limit = max(0, int(IDLE_COUNTERS if idle_counters is None else idle_counters))
         self._tenant_weights: dict[str, float] = {}
         self._tier_weights: dict[int, float] = {}
         self._next_seq = 0
@@ -494,6 +504,7 @@ class SloQueue(Generic[T]):
         active = [self._counters.get((bucket.priority, t), bucket.mark) for t in bucket.tenant_live]
         lift = min(active) if active else bucket.mark
         key = (bucket.priority, lane)
+        self._idle.pop(key, None)
         self._counters[key] = max(self._counters.get(key, lift), lift)
 
     def _discard(self, entry: SloEntry[T]) -> None:
@@ -531,3 +542,7 @@ class SloQueue(Generic[T]):
         active = [self._counters.get((bucket.priority, t), bucket.mark) for t in bucket.tenant_live]
         if self._counters.get(key, bucket.mark) <= (min(active) if active else bucket.mark):
             self._counters.pop(key, None)
+            return
+        self._idle[key] = None  # ahead of the lift: kept, within a bound (IDLE_COUNTERS)
+        while len(self._idle) > self._idle_limit:
+            self._counters.pop(self._idle.popitem(last=False)[0], None)

@@ -139,4 +139,6 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.shutdown(self.config.drain_timeout_s)
+        # no engine collects from it any more: notices posted there would pile up for the server's life
+        CancelMailbox(self.config.cancel_dir).close_inbox(self.namespace)
         log_event("engine_stopped", self.log_info, stats=self.engine.stats.finished)
