@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import struct
 import threading
 from collections.abc import Sequence
@@ -270,16 +271,46 @@ def redact_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
+    # The credentials end at the URL's last '@': a password holding '/', '?' or '#' not percent-encoded
+    # (a base64 one) puts its '@' past where a URL parser ends the authority, and was shown whole. A query
+    # value holding '@' hides more than it must, never less.
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
     rest, mark, query = rest.partition("?")
     if mark:
         pairs = [pair.partition("=") for pair in query.split("&")]
         query = "&".join(
             f"{name}{eq}{'***' if name in SECRET_QUERY_ARGS and eq else value}" for name, eq, value in pairs
         )
-    netloc, slash, path = rest.partition("/")
-    if "@" in netloc:
-        netloc = "***@" + netloc.rpartition("@")[2]
-    return f"{scheme}://{netloc}{slash}{path}{mark}{query}"
+    return f"{scheme}://{rest}{mark}{query}"
+
+
+def _url_secrets(url: str) -> list[str]:
+    """The pieces of `url` that `redact_url` hides: what comes before its last '@' (split where a URL
+    parser may cut it) and the values of SECRET_QUERY_ARGS."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return []
+    pieces = re.split(r"[:/?#@&=]", rest.rpartition("@")[0]) if "@" in rest else []
+    for pair in rest.partition("?")[2].split("&"):
+        name, eq, value = pair.partition("=")
+        if name in SECRET_QUERY_ARGS and eq:
+            pieces.append(value)
+    return [piece for piece in pieces if piece]
+
+
+def url_error(url: str, exc: Exception) -> ValueError:
+    """A ValueError for a Redis URL redis-py cannot read, without its credentials: urllib quotes what it
+    took for the port (`Port could not be cast to integer value as 'PASSWORD'` for a password with an
+    unencoded '/', '?' or '#'), which reached tritonserver.log (a model-load error) and the client's
+    output."""
+    message = str(exc)
+    for piece in sorted(_url_secrets(url), key=len, reverse=True):
+        message = message.replace(piece, "***")
+    return ValueError(
+        f"redis_url {redact_url(url)} cannot be read: {message} (percent-encode '/', '?', '#' and '@' in a "
+        "user name or password)"
+    )
 
 
 def make_redis_client(redis_url: str, timeout_s: float):
@@ -288,14 +319,17 @@ def make_redis_client(redis_url: str, timeout_s: float):
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    return redis.Redis.from_url(
-        redis_url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        health_check_interval=0,
-    )
+    try:
+        return redis.Redis.from_url(
+            redis_url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+    except ValueError as exc:  # its text may quote part of the password
+        raise url_error(redis_url, exc) from None
 
 
 class RedisCacheBase:
