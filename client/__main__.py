@@ -330,10 +330,13 @@ def run_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             cache=args.cache, model=args.model, on_piece=show, timeout_s=args.timeout,
             tenant_token=args.tenant_token,
         )  # fmt: skip
-    except (GenerationError, InferenceServerException, OSError, UnicodeError) as exc:
+    except (GenerationError, InferenceServerException, OSError, UnicodeError, KeyboardInterrupt) as exc:
         if shown:  # end the line of the pieces streamed before the error
             out.write("\n")
             out.flush()
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: the session cancelled the request on its way out
+            err.write("error: interrupted; the request was cancelled\n")
+            return 130
         if isinstance(exc, UnicodeError):  # an argument the shell passed as bytes that are not UTF-8
             exc = f"an argument is not UTF-8 text ({exc})"
         err.write(f"error: {exc}\n")
@@ -409,7 +412,9 @@ def run_prime(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"error: draining ({args.drain_file} exists): this replica refuses new requests", file=err)
         return 1
     try:
-        ready = grpcclient.InferenceServerClient(url=args.url).is_model_ready(args.model)
+        ready = grpcclient.InferenceServerClient(url=args.url).is_model_ready(
+            args.model, client_timeout=args.timeout
+        )
     except InferenceServerException as exc:
         print(f"error: {args.url} is not reachable: {exc}", file=err)
         return 1

@@ -34,6 +34,7 @@ from client.generate import GenerationResult, StreamingSession
 from client.stack_defaults import FALLBACK_GRPC_URL, URL_HELP, default_grpc_url, signing_for
 from scheduler.messages import CACHE_MODES
 from scheduler.tenant_auth import ttl_argument
+from deploy.arg_types import seconds
 from client.workload import (
     DEFAULT_MIX,
     DEFAULT_MODEL_DIR,
@@ -374,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-max", type=int, default=128, help="max_tokens cap (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed for arrivals and the mix (default: %(default)s)")
     p.add_argument("--concurrency-limit", type=int, help="cap on requests in flight (default: none)")
-    p.add_argument("--timeout", type=float, default=120.0, help="per-request client timeout, seconds")
+    p.add_argument("--timeout", type=seconds, default=120.0, help="per-request client timeout, seconds")
     p.add_argument("--cache", choices=CACHE_MODES, default="kv-only",
                    help="the requests' cache mode (default: %(default)s: every answer is computed; with "
                    "'use', greedy prompts seen twice are answered from the exact response cache, and a "
@@ -455,6 +456,10 @@ def send_plan(
         if args.export_intervals and planned:
             path = export_request_intervals(planned, args.export_intervals)
             out.write(f"perf_analyzer request intervals: {path} ({len(planned)} gaps, microseconds)\n")
+        if args.records and not args.export_only and planned:  # found unwritable now, not after the run
+            args.records.parent.mkdir(parents=True, exist_ok=True)
+            with open(args.records, "a", encoding="utf-8"):
+                pass
     except (ValueError, OSError) as exc:  # an empty plan, a path that cannot be written
         err.write(f"error: {exc}\n")
         return 2
@@ -475,10 +480,14 @@ def send_plan(
     )  # fmt: skip
     if tty:
         err.write("\n")
+    records_failed = False
     if args.records:
-        args.records.parent.mkdir(parents=True, exist_ok=True)
         lines = [json.dumps({**asdict(r), "send_lag_s": r.send_lag_s}) for r in records]
-        args.records.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        try:
+            args.records.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        except OSError as exc:  # e.g. the disk filled during the run: the summary below still prints
+            err.write(f"error: cannot write the records to {args.records}: {exc}\n")
+            records_failed = True
     lag = max((r.send_lag_s for r in records), default=0.0)
     out.write(summary_table(summarize(records, targets)) + "\n")
     out.write(f"max send lag {lag * 1000:.1f} ms (client-side lateness; large values mean the client, "
@@ -486,7 +495,8 @@ def send_plan(
     failures = [r for r in records if r.outcome in ("error", "timeout")]
     for r in failures[:3]:
         out.write(f"error example ({r.tier}): {r.error}\n")
-    return 1 if failures else 0  # overload rejections are an outcome a load test may seek: not failures
+    # overload rejections are an outcome a load test may seek: not failures
+    return 1 if failures or records_failed else 0
 
 
 if __name__ == "__main__":

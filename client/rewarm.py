@@ -35,7 +35,7 @@ def rewarm(url: str, metrics_url: str, model: str = "llm_engine", timeout_s: flo
     client = grpcclient.InferenceServerClient(url)
     started = time.perf_counter()
     client.load_model(model, client_timeout=timeout_s)
-    if not client.is_model_ready(model):
+    if not client.is_model_ready(model, client_timeout=timeout_s):
         raise RuntimeError(f"{model} is not ready after the reload; see the server log")
     elapsed = time.perf_counter() - started
     metrics = scrape_metrics(metrics_url)
