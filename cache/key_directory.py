@@ -248,6 +248,8 @@ class KeyDirectory:
     ):
         import redis
 
+        from cache.redis_url import redis_from_url
+
         self.namespace = namespace
         self.channel = announce_channel(namespace)
         self.max_keys = max_keys
@@ -256,7 +258,7 @@ class KeyDirectory:
         # Its own connections, with room for a SCAN page: the serving clients' timeouts are
         # milliseconds. A silent dead peer is noticed by `_follow`'s own PING (PING_EVERY_S): redis-py's
         # health check sends one but never waits for its answer.
-        self._client = redis.Redis.from_url(
+        self._client = redis_from_url(
             redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=5
         )
         self._timeout_s = timeout_s

@@ -119,6 +119,8 @@ class RedisKVStore:
             import redis
             from redis.backoff import NoBackoff
             from redis.retry import Retry
+
+            from cache.redis_url import redis_from_url
         except ImportError as exc:  # the engine decides whether to run without L3
             raise ImportError("RedisKVStore needs redis-py (pip install redis hiredis)") from exc
         self.namespace = namespace
@@ -129,7 +131,7 @@ class RedisKVStore:
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.full = FullGate()
         # No retries: one timeout per call is the most a dead or slow Redis may cost a request.
-        self.client = redis.Redis.from_url(
+        self.client = redis_from_url(
             redis_url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,

@@ -268,6 +268,8 @@ SECRET_QUERY_ARGS = ("password", "ssl_password")  # redis-py's from_url takes an
 def redact_url(url: str) -> str:
     """`url` with its password (and user) replaced by `***`, for messages and logs: a Redis URL may
     carry credentials (`redis://:secret@host:6379/0`, `rediss://user:secret@...`, `...?password=secret`)."""
+    from urllib.parse import unquote_plus
+
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -279,8 +281,9 @@ def redact_url(url: str) -> str:
     rest, mark, query = rest.partition("?")
     if mark:
         pairs = [pair.partition("=") for pair in query.split("&")]
-        query = "&".join(
-            f"{name}{eq}{'***' if name in SECRET_QUERY_ARGS and eq else value}" for name, eq, value in pairs
+        query = "&".join(  # names as redis-py reads them (decoded): `pass%77ord` is a password too
+            f"{name}{eq}{'***' if unquote_plus(name) in SECRET_QUERY_ARGS and eq else value}"
+            for name, eq, value in pairs
         )
     return f"{scheme}://{rest}{mark}{query}"
 
@@ -288,13 +291,15 @@ def redact_url(url: str) -> str:
 def _url_secrets(url: str) -> list[str]:
     """The pieces of `url` that `redact_url` hides: what comes before its last '@' (split where a URL
     parser may cut it) and the values of SECRET_QUERY_ARGS."""
+    from urllib.parse import unquote_plus
+
     scheme, sep, rest = url.partition("://")
     if not sep:
         return []
     pieces = re.split(r"[:/?#@&=]", rest.rpartition("@")[0]) if "@" in rest else []
     for pair in rest.partition("?")[2].split("&"):
         name, eq, value = pair.partition("=")
-        if name in SECRET_QUERY_ARGS and eq:
+        if unquote_plus(name) in SECRET_QUERY_ARGS and eq:
             pieces.append(value)
     return [piece for piece in pieces if piece]
 
@@ -314,22 +319,21 @@ def url_error(url: str, exc: Exception) -> ValueError:
 
 
 def make_redis_client(redis_url: str, timeout_s: float):
-    """redis-py client that fails fast: one attempt, short connect and socket timeouts."""
-    import redis
+    """redis-py client that fails fast: one attempt, short connect and socket timeouts (which the URL's
+    query may not override: `cache.redis_url.redis_from_url`)."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    try:
-        return redis.Redis.from_url(
-            redis_url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
-    except ValueError as exc:  # its text may quote part of the password
-        raise url_error(redis_url, exc) from None
+    from cache.redis_url import redis_from_url
+
+    return redis_from_url(
+        redis_url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        health_check_interval=0,
+    )
 
 
 class RedisCacheBase:

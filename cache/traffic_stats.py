@@ -78,9 +78,9 @@ class TrafficStatsStore:
     def __init__(self, redis_url: str, model: str, fingerprint: str, timeout_s: float = 0.25):
         redis = _redis_module()
         self.errors = redis.RedisError
-        self.client = redis.Redis.from_url(
-            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        from cache.redis_url import redis_from_url
+
+        self.client = redis_from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self.prefix = f"llm:traffic:v1:{model}:{fingerprint}"
         self._max_peak = self.client.register_script(_MAX_PEAK)
         self.malformed = 0  # values read and skipped: not numbers, not finite, negative or absurdly large

@@ -96,9 +96,9 @@ class SloFeedbackLoop:
         if redis_url:
             try:
                 redis = _redis_module()
-                self.client = redis.Redis.from_url(
-                    redis_url, socket_timeout=0.25, socket_connect_timeout=0.25
-                )
+                from cache.redis_url import redis_from_url
+
+                self.client = redis_from_url(redis_url, socket_timeout=0.25, socket_connect_timeout=0.25)
                 self.errors = redis.RedisError
                 self._hdel_unchanged = self.client.register_script(_HDEL_UNCHANGED)
             except StoreUnavailable as exc:
