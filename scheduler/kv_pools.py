@@ -10,7 +10,6 @@ longer pools but never the other way, and the longest class always has a slot.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,8 +94,9 @@ def plan_kv_pools(
     capacities = sorted({_class_of(length, classes) for length in cuts.values()} | {max_len})
     covering = [slots]  # covering[i]: slots that must hold lengths above capacities[i - 1]
     for boundary in capacities[:-1]:
-        above = sum(count for length, count in clean.items() if length > boundary) / samples
-        covering.append(max(1, min(covering[-1], math.ceil(slots * above - 1e-9))))
+        above = sum(count for length, count in clean.items() if length > boundary)
+        # integer ceil of slots * above / samples: a float less 1e-9 rounded down past ~1e9 samples
+        covering.append(max(1, min(covering[-1], -(-slots * above // samples))))
     covering.append(0)
     pools = tuple(
         KVPool(capacity, covering[i] - covering[i + 1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 100.0)
 
@@ -27,7 +28,8 @@ def percentile_length(histogram: Mapping[int, int], percentile: float) -> int:
     total = sum(histogram.values())
     if total <= 0:
         raise ValueError("percentile of an empty histogram")
-    rank = max(1, math.ceil(percentile / 100.0 * total))
+    # exact: a float product is off by one rank once counts pass ~1e14 (0.95 * total rounds down)
+    rank = max(1, math.ceil(Fraction(percentile) * total / 100))
     seen = 0
     for length in sorted(histogram):
         seen += histogram[length]
