@@ -29,6 +29,7 @@ class RewarmResult:
     model: str
     reload_seconds: float
     report: dict[str, float] = field(default_factory=dict)
+    report_error: str | None = None  # the reload succeeded, but its report could not be read
 
 
 def rewarm(url: str, metrics_url: str, model: str = "llm_engine", timeout_s: float = 600.0) -> RewarmResult:
@@ -38,6 +39,9 @@ def rewarm(url: str, metrics_url: str, model: str = "llm_engine", timeout_s: flo
     if not client.is_model_ready(model, client_timeout=timeout_s):
         raise RuntimeError(f"{model} is not ready after the reload; see the server log")
     elapsed = time.perf_counter() - started
-    metrics = scrape_metrics(metrics_url)
+    try:  # the engine is reloaded and warm: a metrics port that cannot be read only loses the report
+        metrics = scrape_metrics(metrics_url)
+    except (OSError, ValueError) as exc:
+        return RewarmResult(model, elapsed, {}, f"cannot read the warmup report at {metrics_url}: {exc}")
     report = {key: value for key, value in metrics.items() if key.split("{")[0] in REPORT_METRICS}
     return RewarmResult(model, elapsed, report)
