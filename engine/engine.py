@@ -439,6 +439,7 @@ class Engine:
                 self.log(json.dumps({"event": "engine_step_failed", "error": f"{type(exc).__name__}: {exc}"}))
                 try:
                     self._fail_all_active("INTERNAL", f"engine step failed: {type(exc).__name__}: {exc}")
+                    self._publish_load()  # the step's own publish never ran: the gauges held its batch
                 except Exception as again:  # the thread must outlive even this: every later request needs it
                     self.log(
                         json.dumps(
@@ -758,7 +759,7 @@ class Engine:
         logits = self.runner.decode(self._last_tokens, self._positions, kv_len)
         picks = self._picker.launch(logits, {s.slot: s.sampler for s in states})
         self._keep_prefixes()  # on a GPU, while the step runs there
-        tokens = picks.result()
+        tokens, faults = picks.settle()  # a pick that raises (NaN/inf probabilities) is its request's
         self.stats.decode_steps += 1
         self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(states))
         if len(states) > 1:
@@ -766,6 +767,10 @@ class Engine:
         seconds = time.perf_counter() - started
         self.decode_step_s.update(seconds)
         for state in states:
+            if (fault := faults.get(state.slot)) is not None:  # it alone ends; its KV is not trusted
+                message = f"sampling the next token failed: {type(fault).__name__}: {fault}"
+                self._end_active(state, "INTERNAL", message, keep_prefix=False)
+                continue
             state.position += 1
             try:
                 self._accept_token(state, tokens[state.slot])

@@ -65,14 +65,28 @@ class PendingPicks:
         return self.copied is not None
 
     def result(self) -> dict[int, int]:
-        """Next token for each slot in `samplers`; waits for the argmax only, not for device work
-        queued after it (a prefix store's copies), then picks the sampled slots."""
+        """Next token for each slot in `samplers` (`settle`); the first pick that raised is raised."""
+        tokens, faults = self.settle()
+        if faults:
+            raise next(iter(faults.values()))
+        return tokens
+
+    def settle(self) -> tuple[dict[int, int], dict[int, Exception]]:
+        """Next token for each slot in `samplers`, and apart the exception of each slot whose pick raised
+        (NaN/inf probabilities), so that one request's fault is not every slot's. Waits for the argmax
+        only, not for device work queued after it (a prefix store's copies), then picks the sampled
+        slots."""
         if self.copied is not None:
             self.copied.synchronize()
         greedy = self.greedy if isinstance(self.greedy, list) else self.greedy.tolist()
-        return {
-            slot: greedy[slot] if s.greedy else s.pick(self.logits[slot]) for slot, s in self.samplers.items()
-        }
+        tokens: dict[int, int] = {}
+        faults: dict[int, Exception] = {}
+        for slot, s in self.samplers.items():
+            try:
+                tokens[slot] = greedy[slot] if s.greedy else s.pick(self.logits[slot])
+            except Exception as exc:
+                faults[slot] = exc
+        return tokens, faults
 
 
 class TokenPicker:
