@@ -19,6 +19,20 @@ load = importlib.import_module("client.load")
 cli = importlib.import_module("client.__main__")
 
 
+LOAD_ARGV = [
+    "--count",
+    "1",
+    "--rate",
+    "100",
+    "--url",
+    "x:1",
+    "--targets",
+    "standard=100",
+    "--mix",
+    "standard=1",
+]
+
+
 def _in_thread(fn, seconds):
     box: dict = {}
 
@@ -43,20 +57,7 @@ def test_load_timeout_must_be_finite_and_positive(monkeypatch, value):
     run wait forever; --timeout 0/-1 calls every request a timeout. A usage error (exit 2) instead."""
     monkeypatch.setattr(gen.grpcclient, "InferenceServerClient", NeverAnsweringClient)
     monkeypatch.setattr(load, "CorpusPrompts", Words)
-    argv = [
-        "--count",
-        "1",
-        "--rate",
-        "100",
-        "--url",
-        "x:1",
-        "--targets",
-        "standard=100",
-        "--mix",
-        "standard=1",
-        "--timeout",
-        value,
-    ]
+    argv = [*LOAD_ARGV, "--timeout", value]
     hung, box = _in_thread(lambda: load.main(argv, io.StringIO(), io.StringIO()), 5.0)
     assert not hung, f"client.load --timeout {value} hangs on a server that does not answer"
     assert "exc" not in box, box.get("exc")
@@ -70,22 +71,7 @@ def test_load_records_path_that_cannot_be_written_is_an_error_not_a_traceback(mo
     blocker = tmp_path / "file"
     blocker.write_text("x")
     err = io.StringIO()
-    argv = [
-        "--count",
-        "1",
-        "--rate",
-        "100",
-        "--url",
-        "x:1",
-        "--targets",
-        "standard=100",
-        "--mix",
-        "standard=1",
-        "--timeout",
-        "0.2",
-        "--records",
-        str(blocker / "records.jsonl"),
-    ]
+    argv = [*LOAD_ARGV, "--timeout", "0.2", "--records", str(blocker / "records.jsonl")]
     try:
         rc = load.main(argv, io.StringIO(), err)
     except Exception as exc:  # noqa: BLE001

@@ -6,18 +6,12 @@ The bound is scheduler.slo_queue.IDLE_COUNTERS (set small here; absent before th
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import scheduler.slo_queue as slo_queue
-from engine.engine import Engine
-from engine.model_runner import ModelRunner
-from engine.requests import EngineRequest
-from scheduler.messages import EngineRequestParams
 from scheduler.slo_queue import SloQueue
 from scheduler.tenant_auth import TenantAuth
+from tests.test_engine_batching import RecordingSink, make_engine, model, request  # noqa: F401
 
-BUCKETS = (8, 16, 32, 64)
 LIMIT = 32
 
 
@@ -47,36 +41,15 @@ def test_a_recent_idle_tenants_debt_is_still_kept():
     assert queue.pop() == "l"
 
 
-class Sink:
-    def __init__(self):
-        self.done = False
-
-    def send(self, token_ids, read_offset, final, trim_bytes=0):
-        self.done = self.done or final
-
-    def fail(self, code, message):
-        self.done = True
-
-    def cancelled(self):
-        return False
-
-
-def test_engine_unique_tenants_do_not_grow_the_queue_tables():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=300, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64, eos_token_id=2,
-    )  # fmt: skip
-    runner = ModelRunner(LlamaForCausalLM(config).eval(), slots=2, max_len=64, kv_buckets=BUCKETS)
-    engine = Engine(runner, lambda t: bytes([97 + t % 26]), {2}, BUCKETS)
+def test_engine_unique_tenants_do_not_grow_the_queue_tables(model):  # noqa: F811
+    engine = make_engine(model, slots=2)
     engine.tenant_auth = TenantAuth(trust_client=True)  # tenants as named (LLM_TENANT_TRUST_CLIENT)
     for i in range(200):
-        sink = Sink()
-        params = EngineRequestParams(max_tokens=1, ignore_eos=True, tenant=f"user-{i}")
-        engine.submit(EngineRequest(f"id-{i}", [1, 5, 7], params, 3, 0, sink))
+        sink = RecordingSink()
+        engine.submit(request([1, 5, 7], sink, rid=f"id-{i}", max_tokens=1, tenant=f"user-{i}"))
         while engine.step():
             pass
-        assert sink.done
+        assert sink.windows and sink.windows[-1][2]
     queue = engine.policy_queue.queue
     assert len(queue) == 0
     assert len(queue._counters) <= LIMIT, f"{len(queue._counters)} counters for 200 one-off tenants"
