@@ -29,7 +29,7 @@ from cache.redis_full import FullGate
 from cache.redis_topology import is_cross_slot, slot_groups
 from cache.key_directory import INDEX_DROPPED, KeyDirectory, Written, renew_listed, write_announced
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
-from cache.response_cache import redis_ttl, tenant_tag
+from cache.response_cache import make_redis_client, redis_ttl, tenant_tag
 from cache.wrong_type import DELETE_IF_UNCHANGED, DROP_OTHER_TYPE
 
 T = TypeVar("T")
@@ -117,10 +117,6 @@ class RedisKVStore:
             raise ValueError(f"tenant_max_blocks must be >= 0 (0: no quota), got {tenant_max_blocks}")
         try:
             import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-
-            from cache.redis_url import redis_from_url
         except ImportError as exc:  # the engine decides whether to run without L3
             raise ImportError("RedisKVStore needs redis-py (pip install redis hiredis)") from exc
         self.namespace = namespace
@@ -131,12 +127,7 @@ class RedisKVStore:
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.full = FullGate()
         # No retries: one timeout per call is the most a dead or slow Redis may cost a request.
-        self.client = redis_from_url(
-            redis_url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self.client = make_redis_client(redis_url, timeout_s)
         self._delete_if_unchanged = self.client.register_script(DELETE_IF_UNCHANGED)
         self._exists_each = self.client.register_script(_EXISTS_EACH)
         self._drop_other_type = self.client.register_script(DROP_OTHER_TYPE)

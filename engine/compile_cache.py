@@ -145,6 +145,11 @@ def check_trusted(cache: CompileCache) -> None:
             )
 
 
+def has_entries(cache: CompileCache) -> bool:
+    """Whether an earlier start left inductor entries in the keyed directory."""
+    return cache.inductor_dir.is_dir() and any(cache.inductor_dir.iterdir())
+
+
 def activate(cache: CompileCache) -> bool:
     """Point inductor at the keyed directory; hot-load artifacts.bin when that directory holds no
     cache yet. Returns whether artifacts were loaded. PermissionError (nothing activated) for a
@@ -152,7 +157,7 @@ def activate(cache: CompileCache) -> bool:
     from torch._inductor.utils import clear_caches
 
     check_trusted(cache)
-    had_entries = cache.inductor_dir.is_dir() and any(cache.inductor_dir.iterdir())
+    had_entries = has_entries(cache)
     cache.inductor_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache.inductor_dir.resolve())
     clear_caches()  # paths derived from the old directory are memoized
@@ -215,7 +220,7 @@ def compile_decode_buckets(
     before = cache_counters()
     active = reused = False
     try:
-        reused = cache.inductor_dir.is_dir() and any(cache.inductor_dir.iterdir())
+        reused = has_entries(cache)
         info["artifacts_loaded"] = activate(cache)
         active = True
     except Exception as exc:  # an unreadable (or untrusted) cache costs a cold compile, never the load

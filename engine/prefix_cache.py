@@ -218,8 +218,12 @@ class PrefixCache:
             # L3 is asked for no more blocks than L1 has rows for: rows neither pinned nor holding the
             # prefix found so far. A block fetched past that is dropped, its GET and checksum wasted and
             # counted as an L3 hit it never was
-            room = self.capacity - len(self.pinned | self._protected)
-            if self.l3 is not None and 0 < room and len(found) < len(keys) and keys[len(found)] not in asked:
+            if (
+                self.l3 is not None
+                and len(found) < len(keys)
+                and keys[len(found)] not in asked
+                and (room := self.capacity - len(self.pinned | self._protected)) > 0
+            ):
                 started = self.clock()
                 rest = keys[len(found) : len(found) + room]
                 promoted = self._guarded("l3 lookup", lambda: self._promote_l3(rest, hint, len(found)))
