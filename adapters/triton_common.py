@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from engine.config import expand_env, triton_warmup_requests
 from engine.gc_settle import settle_garbage_collector
-from scheduler.errors import RequestError
+from scheduler.errors import UNAVAILABLE_PREFIX, RequestError
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -22,8 +22,11 @@ def model_parameters(args: dict) -> dict[str, str]:
 
 
 def triton_error(code: str, message: str) -> pb_utils.TritonError:
-    """`code` is a RequestError code or CANCELLED; TritonError's codes exist only once the stub runs."""
+    """`code` is a RequestError code or CANCELLED; TritonError's codes exist only once the stub runs.
+    An UNAVAILABLE error's text starts with UNAVAILABLE_PREFIX: a stream client gets no code to go by."""
     error = pb_utils.TritonError
+    if code == "UNAVAILABLE":
+        message = UNAVAILABLE_PREFIX + message
     return error(message, getattr(error, code, error.INTERNAL))
 
 

@@ -9,8 +9,8 @@ unambiguous; with a stream per tier, every error at least lands in the right tie
 Per request it records client-side TTFT (send -> first non-empty piece), time per output token, total
 time, and the outcome. An overload rejection (Triton UNAVAILABLE) is counted apart from other errors and
 from client timeouts: the gRPC stream carries the error text without its status code, so a rejection is
-recognised by its message (`is_rejection`: the scheduler's and engine's UNAVAILABLE messages say when
-to retry).
+recognised by the prefix the server puts on its UNAVAILABLE errors' text (`is_rejection`,
+scheduler/errors.py UNAVAILABLE_PREFIX), not by words an error of any kind may contain.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import numpy as np
 from client.arrivals import ARRIVAL_KINDS, arrival_times, gap_cv
 from client.generate import GenerationResult, StreamingSession
 from client.stack_defaults import FALLBACK_GRPC_URL, URL_HELP, default_grpc_url, signing_for
+from scheduler.errors import UNAVAILABLE_PREFIX
 from scheduler.messages import CACHE_MODES
 from scheduler.tenant_auth import ttl_argument
 from deploy.arg_types import seconds
@@ -51,14 +52,16 @@ from client.workload import (
     read_perf_analyzer_profile,
 )
 
-REJECTION_PATTERN = re.compile(r"\bunavailable\b|\bretry\b|\boverload|\bshed", re.IGNORECASE)
+# the server's UNAVAILABLE prefix, first, or after what Triton's ensemble scheduler puts before a step's error
+REJECTION_PATTERN = re.compile(r"(?:in ensemble '[^']*', )*" + re.escape(UNAVAILABLE_PREFIX))
 TIMEOUT_MESSAGE = "no final response within the client timeout; cancelled"
 POLL_S = 0.002
 
 
 def is_rejection(message: str) -> bool:
-    """True for an overload/shedding refusal (UNAVAILABLE), judged from the message text alone."""
-    return bool(REJECTION_PATTERN.search(message))
+    """True for an overload/shedding refusal (UNAVAILABLE), judged from the message text alone: an
+    INTERNAL error whose text says "retry" or "overloaded" somewhere is a failure."""
+    return REJECTION_PATTERN.match(message) is not None
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ def cache_counters(
             for name in L3_COUNTERS:
                 out[("l3", name)] = stats[name]
             out[("l3", "probe_wait_seconds")] = prefix.l3.probe_wait_seconds  # the probe's part in lookup
+            out[("l3", "probes_dropped")] = prefix.l3.probes_dropped  # their request ended before it ran
             out[("l3", "writes_dropped")] = prefix.l3.writes_dropped
             out[("l3", "writes_failed")] = prefix.l3.writes_failed
             out.update(directory_counters("l3", prefix.l3.store.directory))

@@ -247,20 +247,32 @@ class Engine:
         length = len(request.prompt_ids)
         if self.prefix_cache is not None and request.params.uses_kv_tiers:
             request.prefix_hint = self.prefix_cache.hint(request.prompt_ids, request.params.tenant)
-        with self._lock:
-            if self._stopping or not (self._accepting or accepted):
-                raise RequestError.unavailable("the engine is shutting down; retry on another replica")
-            began = time.perf_counter_ns()
-            if self.admission is not None:
-                arrival = request.arrived_ns
-                decision = self.admission.check(
-                    request.params.tier, length, self._load_locked(), time.time_ns(), arrival_ns=arrival
-                )
-                decision.raise_if_rejected()
-            expires = self.policy_queue.push(request)
-            self._next_expiry_ns = min(self._next_expiry_ns, NEVER if expires is None else expires)
-            request.scheduling_ns += time.perf_counter_ns() - began
-            self._lock.notify()
+        try:
+            with self._lock:
+                if self._stopping or not (self._accepting or accepted):
+                    raise RequestError.unavailable("the engine is shutting down; retry on another replica")
+                began = time.perf_counter_ns()
+                if self.admission is not None:
+                    arrival = request.arrived_ns
+                    decision = self.admission.check(
+                        request.params.tier, length, self._load_locked(), time.time_ns(), arrival_ns=arrival
+                    )
+                    decision.raise_if_rejected()
+                expires = self.policy_queue.push(request)
+                self._next_expiry_ns = min(self._next_expiry_ns, NEVER if expires is None else expires)
+                request.scheduling_ns += time.perf_counter_ns() - began
+                self._lock.notify()
+        except BaseException:  # refused (admission, a full queue, a shutdown): its probe is for nobody
+            self._drop_probe(request)
+            raise
+
+    def _drop_probe(self, request: EngineRequest) -> None:
+        """A request that ends before `_start` takes its hint: its L3 probe, if still queued, is dropped
+        (`L3Tier.drop_probe`). Called by the thread that owns the request then: the one refusing it, or
+        the engine's (or the shutdown's) for one taken off the queue."""
+        hint, request.prefix_hint = request.prefix_hint, None
+        if hint is not None and hint.probe is not None and self.prefix_cache.l3 is not None:
+            self.prefix_cache.l3.drop_probe(hint.probe)
 
     def _bound_precedence(self, request: EngineRequest, tier: Tier) -> None:
         """No more precedence than the request's tier gives: priority and deadline come as inputs of
@@ -551,6 +563,7 @@ class Engine:
     def _end_queued(self, request: EngineRequest, status: str, code: str, message: str) -> None:
         """End a request that never got (back) a slot: its error, its finish counted under `status`."""
         self._suspended.pop(request.request_id, None)
+        self._drop_probe(request)
         self._send_error(request, code, message)
         self.stats.count_finish(status)
         self.observer.on_finish(request.params.tier, status, 0)

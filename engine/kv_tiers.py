@@ -83,6 +83,7 @@ class L3Tier:
         self._lock = threading.Lock()  # _known and loaded_blocks: fetch may run on two threads
         self._probes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l3-probe")
         self.probe_wait_seconds = 0.0  # engine thread only
+        self.probes_dropped = 0  # probes of requests that ended before their lookup, dropped unrun
         directory = getattr(store, "directory", None)
         if directory is not None:
             directory.on_scan(self._forget_unlisted)
@@ -110,6 +111,16 @@ class L3Tier:
             answered.set_result(known)
             return answered
         return self._probes.submit(self.store.exists_each_in_redis, keys)
+
+    def drop_probe(self, probe: Future[list[bool] | None]) -> bool:
+        """Drop the probe of a request that ends before its lookup (refused, cancelled, expired), unless
+        the probe thread took it already: a queued one cost a round trip for nobody, and under a flood of
+        refused requests delayed the probes of those that run. True when it was dropped (and counted)."""
+        if probe.done() or not probe.cancel():  # answered, running, or cancelled by `close`
+            return False
+        with self._lock:  # refusals are dropped on the submitting threads, the rest on the engine's
+            self.probes_dropped += 1
+        return True
 
     def wait_probe(self, probe: Future[list[bool] | None]) -> list[bool] | None:
         """A probe's answer. None when the probe is still queued behind others (a slow Redis and a burst

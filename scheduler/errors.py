@@ -10,6 +10,11 @@ from typing import Literal
 
 ErrorCode = Literal["INVALID_ARG", "UNAVAILABLE", "INTERNAL"]
 ERROR_CODES: tuple[ErrorCode, ...] = ("INVALID_ARG", "UNAVAILABLE", "INTERNAL")
+# A gRPC stream carries an error's text without its status code: an UNAVAILABLE error (overload,
+# shedding, a queue full, a drain or a stop: retry later or elsewhere) leaves the server with this in
+# front of its text (adapters/triton_common.py), which is how a client tells a refusal from a failure
+# (client/load.py `is_rejection`), whatever else either text says.
+UNAVAILABLE_PREFIX = "UNAVAILABLE: "
 
 
 class RequestError(Exception):

@@ -241,8 +241,9 @@ def test_non_streaming_sends_one_final_window_with_prompt(model):
     sink = RecordingSink()
     engine.submit(request([1, 2, 3], sink, stream=False, max_tokens=4))
     run_until_idle(engine)
-    assert len(sink.windows) == 1
-    ids, offset, final = sink.windows[0]
+    *keepalives, last = sink.windows  # empty keep-alives on a slow machine
+    assert all(not ids and not final for ids, _, final in keepalives)
+    ids, offset, final = last
     assert final and offset == 0 and ids[:3] == [1, 2, 3] and len(ids) == 7
 
 

@@ -88,10 +88,11 @@ def test_rejections_are_told_apart_from_errors_and_timeouts() -> None:
 
     assert outcome(None) == "ok"
     assert outcome(None, total_s=11.0) == "timeout"
-    assert outcome("tier 'batch' shed under overload; retry after 2 s") == "rejected"
+    # the gRPC stream carries no status code: UNAVAILABLE errors' text starts with UNAVAILABLE_PREFIX
+    assert outcome("in ensemble 'llm', UNAVAILABLE: tier 'batch' request shed; retry in 2 s") == "rejected"
     assert outcome("in ensemble 'llm', unknown slo_tier 'x'; allowed: critical") == "error"
-    assert is_rejection("the engine is shutting down; retry on another replica")
-    assert is_rejection("UNAVAILABLE: queue full")
+    assert is_rejection("UNAVAILABLE: the engine is shutting down; retry on another replica")
+    assert not is_rejection("engine step failed: RuntimeError: CUDA error; retry")
     ok = record_from_result(
         0, plan, 1.2, GenerationResult("", ["a", "b", "", "c"], 0.1, 0.5, None, "r"), 10.0
     )
