@@ -10,6 +10,7 @@ import time
 import pytest
 
 from client.generate import StreamingSession, generate, GenerationError
+from client.load import is_rejection
 from deploy.launch import StackOptions, _stubs_gone, start_stack
 from scheduler.drain import DrainSwitch
 from scheduler.errors import RequestError
@@ -46,6 +47,7 @@ def refused_for_draining(grpc_url: str):
         try:
             generate(grpc_url, "a new request", sampling={"max_tokens": 1})
         except GenerationError as exc:
+            assert is_rejection(str(exc)), f"a drain's refusal must read as one on the wire: {exc}"
             return "draining" in str(exc)
         return False
 
