@@ -22,6 +22,15 @@ def model_max_len(model_dir: Path, max_seq_len: int) -> int:
     return min(max_seq_len, int(limit))
 
 
+def model_vocab_size(model_dir: Path) -> int | None:
+    """The checkpoint's logits width (config.json's vocab_size: the lm_head's outputs in every supported
+    model type), or None where no config.json says: the exact key then holds top_k as sent. The
+    scheduler step and the engine both read it here, so that their keys agree."""
+    path = Path(model_dir) / "config.json"
+    size = json.loads(path.read_text()).get("vocab_size") if path.is_file() else None
+    return size if type(size) is int and size > 0 else None
+
+
 # files besides config.json that change what the model answers or how text maps to tokens
 IDENTITY_FILES = (
     "tokenizer.json",

@@ -83,29 +83,42 @@ def is_deterministic(params: EngineRequestParams) -> bool:
     return params.temperature == 0.0 or params.seed is not None
 
 
-def sampling_signature(params: EngineRequestParams) -> dict[str, Any]:
+def sampling_signature(params: EngineRequestParams, vocab_size: int | None = None) -> dict[str, Any]:
     """Every request parameter that changes the generated text, in canonical (JSON-stable) form.
 
     A greedy request's top_p, top_k and seed are left out (argmax ignores them), and so is
     exclude_input_in_output: the caches hold the generated tokens only, and a hit puts the prompt in front
     as the request asks. Either would only split one answer over several keys. The tenant is not in
-    here; callers that key by tenant add it separately.
+    here; callers that key by tenant add it separately. A top_k of at least `vocab_size` (the model's
+    logits width, when the caller knows it) is keyed as 0: the sampler skips top-k for both
+    (engine/sampling.py); the stop strings as `canonical_stops`.
     """
     greedy = params.temperature == 0.0
+    no_top_k = greedy or (vocab_size is not None and params.top_k >= vocab_size)
     return {
         "max_tokens": int(params.max_tokens),
         "temperature": float(params.temperature),
         "top_p": 1.0 if greedy else float(params.top_p),
-        "top_k": 0 if greedy else int(params.top_k),
+        "top_k": 0 if no_top_k else int(params.top_k),
         "seed": None if greedy or params.seed is None else int(params.seed),
-        "stop": [str(s) for s in params.stop],
+        "stop": canonical_stops(params.stop),
         "ignore_eos": bool(params.ignore_eos),
     }
 
 
-def exact_signature(params: EngineRequestParams) -> dict[str, Any]:
+def canonical_stops(stops: Sequence[str]) -> list[str]:
+    """The stop strings as a sorted set, less each one that begins with another: what the engine's
+    `StopMatcher` depends on. It ends at the first token that completes any of them and cuts at the
+    earliest start of any (a min over the set, so neither order nor repeats count), and a string that
+    begins with another is never complete before that other one, nor starts before it. A string that
+    holds another elsewhere is kept: "xab" with stops "b" and "ab" is cut at "ab", not at "b"."""
+    unique = sorted({str(s) for s in stops if s})
+    return [s for s in unique if not any(s != t and s.startswith(t) for t in unique)]
+
+
+def exact_signature(params: EngineRequestParams, vocab_size: int | None = None) -> dict[str, Any]:
     """What the exact key holds of the sampling: all but `max_tokens`, which the entry is checked against."""
-    signature = sampling_signature(params)
+    signature = sampling_signature(params, vocab_size)
     del signature["max_tokens"]
     return signature
 
@@ -249,9 +262,13 @@ def sha256_hex(*parts: bytes) -> str:
     return h.hexdigest()
 
 
-def exact_key(fingerprint: str, prompt_ids: Sequence[int], params: EngineRequestParams) -> str:
-    """The exact cache's key of a prompt; the scheduler step hashes it on arrival, the engine to check it."""
-    doc = {"fp": fingerprint, "tenant": params.tenant, "sampling": exact_signature(params)}
+def exact_key(
+    fingerprint: str, prompt_ids: Sequence[int], params: EngineRequestParams, vocab_size: int | None = None
+) -> str:
+    """The exact cache's key of a prompt; the scheduler step hashes it on arrival, the engine to check it.
+    Both pass the same `vocab_size` (cache/fingerprint.py `model_vocab_size`): a key of either that the
+    other does not hash is a forged one to the engine, and its answer is not written."""
+    doc = {"fp": fingerprint, "tenant": params.tenant, "sampling": exact_signature(params, vocab_size)}
     ids = struct.pack(f"<{len(prompt_ids)}q", *prompt_ids)
     digest = sha256_hex(canonical_json(doc), ids)
     return f"{exact_namespace(fingerprint)}:{tenant_tag(params.tenant)}:{digest}"
@@ -394,6 +411,8 @@ class RedisCacheBase:
 class ExactResponseCache(RedisCacheBase):
     """get/put of generated answers keyed by (fingerprint, tenant, prompt ids, sampling but max_tokens)."""
 
+    vocab_size: int | None = None  # the model's logits width, for `exact_key` (None: top_k keyed as sent)
+
     def __init__(
         self,
         redis_url: str,
@@ -404,12 +423,14 @@ class ExactResponseCache(RedisCacheBase):
         breaker: CircuitBreaker | None = None,
         directory: KeyDirectory | None = None,
         tenant_max_entries: int = 0,
+        vocab_size: int | None = None,
     ):
         if tenant_max_entries < 0:
             raise ValueError(f"tenant_max_entries must be >= 0 (0: no quota), got {tenant_max_entries}")
         super().__init__(redis_url, timeout_s, breaker, ExactCacheStats())
         self.directory = directory
         self.fingerprint = fingerprint
+        self.vocab_size = vocab_size
         self.namespace = exact_namespace(fingerprint)
         self.ttl_s = redis_ttl(ttl_s)
         self.max_value_bytes = max_value_bytes
@@ -423,7 +444,7 @@ class ExactResponseCache(RedisCacheBase):
         return is_deterministic(params)
 
     def key(self, prompt_ids: Sequence[int], params: EngineRequestParams) -> str:
-        return exact_key(self.fingerprint, prompt_ids, params)
+        return exact_key(self.fingerprint, prompt_ids, params, self.vocab_size)
 
     def tenant_index(self, tenant: str) -> str:
         """The sorted set of the tenant's answers that the quota trims: outside every model's namespace

@@ -13,7 +13,7 @@ import yaml
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from cache.fingerprint import model_max_len, serving_fingerprint
+from cache.fingerprint import model_max_len, model_vocab_size, serving_fingerprint
 from cache.traffic_stats import RESERVED, StoreUnavailable, TrafficStatsStore, model_fingerprint
 from engine.cache_sizing import host_available_bytes, plan_tiers
 from engine.compile_cache import CompileCache, compile_cache_for
@@ -226,6 +226,7 @@ def build_response_tier(
             fingerprint,
             directory=key_directory(config, exact_namespace(fingerprint), log),
             tenant_max_entries=config.exact_tenant_max_entries,
+            vocab_size=model_vocab_size(model_dir),  # as the scheduler step keys
         )
     except ImportError as exc:
         log(f"response cache off: {exc}")

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from client.generate import GenerationError, StreamingSession, generate
 from client.metrics import metric_total, scrape_metrics
 from scheduler.tenant_auth import token_from_env
-from tests.conftest import wait_for
+from tests.conftest import MODEL_DIR, wait_for
 
 GREEDY = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
 
@@ -531,3 +531,30 @@ def test_a_tenant_is_taken_only_with_its_token(grpc_url, redis_url):
     with pytest.raises(AssertionError, match="tenant"):
         engine_tokens(grpc_url, [1, 200, 300], params)  # straight to the engine, no token
     assert engine_tokens(grpc_url, [1, 200, 300], {**params, "tenant_token": token_from_env("owner")})
+
+
+def test_a_request_spelled_differently_is_served_the_same_exact_answer(grpc_url, metrics_url):
+    """Through the real scheduler step and engine: a seeded answer written for top_k 0 and stops
+    ("zq", "qz") serves top_k = the vocabulary (the sampler skips top-k for both) with the stops reordered
+    and repeated. Both sides read the vocabulary from config.json; had they not, the step's key would be
+    a forged one to the engine and never served."""
+    vocab = json.loads((MODEL_DIR / "config.json").read_text())["vocab_size"]
+    prompt = f"Spelling probe {time.time_ns()}: one exact entry for equal requests"
+    base = {"max_tokens": 6, "temperature": 0.9, "seed": 11, "ignore_eos": True}
+
+    def cached() -> float:
+        return engine_metric(metrics_url, "llm_engine_requests_finished_total", status="cached")
+
+    def stores() -> float:
+        return engine_metric(metrics_url, "llm_engine_cache_total", tier="exact", counter="stores")
+
+    def ask(**extra) -> str:
+        return generate(grpc_url, prompt, sampling={**base, **extra}, tenant="spelling").text
+
+    written = stores()
+    first = ask(top_k=0, stop=["zq", "qz"])
+    assert ask(top_k=0, stop=["zq", "qz"]) == first  # written on its second sighting
+    assert wait_for(lambda: stores() > written), "the answer was written"
+    served = cached()
+    assert ask(top_k=vocab, stop=["qz", "zq", "qz"]) == first  # its first sighting: a hit or nothing
+    assert wait_for(lambda: cached() == served + 1), "the other spelling was served the written answer"

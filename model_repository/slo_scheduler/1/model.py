@@ -10,7 +10,7 @@ import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
 
 from adapters.scheduler_metrics import PrefixTokenizerMetrics
-from cache.fingerprint import model_max_len, serving_fingerprint
+from cache.fingerprint import model_max_len, model_vocab_size, serving_fingerprint
 from engine.config import parse_bool
 from adapters.triton_common import (
     TritonWarmupSamples,
@@ -81,6 +81,7 @@ class TritonPythonModel:
             tiers=tiers.for_device(params.get("device", "cpu")),
             exact_fingerprint=exact_fingerprint,
             tenant_auth=TenantAuth.from_env(),
+            vocab_size=model_vocab_size(model_dir),
         )
         warm_s = warm_handler(
             self._one,
