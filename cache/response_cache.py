@@ -80,7 +80,7 @@ class ExactCacheStats:
 
 def is_deterministic(params: EngineRequestParams) -> bool:
     """Greedy, or sampled with a fixed seed: the only requests whose answer can be replayed."""
-    return params.temperature == 0.0 or params.seed is not None
+    return params.greedy or params.seed is not None
 
 
 def sampling_signature(params: EngineRequestParams, vocab_size: int | None = None) -> dict[str, Any]:
@@ -93,11 +93,11 @@ def sampling_signature(params: EngineRequestParams, vocab_size: int | None = Non
     logits width, when the caller knows it) is keyed as 0: the sampler skips top-k for both
     (engine/sampling.py); the stop strings as `canonical_stops`.
     """
-    greedy = params.temperature == 0.0
+    greedy = params.greedy
     no_top_k = greedy or (vocab_size is not None and params.top_k >= vocab_size)
     return {
         "max_tokens": int(params.max_tokens),
-        "temperature": float(params.temperature),
+        "temperature": 0.0 if greedy else float(params.temperature),
         "top_p": 1.0 if greedy else float(params.top_p),
         "top_k": 0 if no_top_k else int(params.top_k),
         "seed": None if greedy or params.seed is None else int(params.seed),

@@ -51,7 +51,9 @@ class EngineRequestParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """As the sampler decides (engine/sampling.py): a direct llm_engine request may send a temperature
+        under MIN_TEMPERATURE, which the scheduler step would have rounded to 0."""
+        return self.temperature < MIN_TEMPERATURE
 
     @property
     def uses_kv_tiers(self) -> bool:

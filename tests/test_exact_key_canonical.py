@@ -144,6 +144,17 @@ def test_the_scheduler_step_and_the_engine_hash_the_same_key():
     assert engine_side.key(wide.input_ids, wide.params) == wide.params.response_key
 
 
+def test_a_temperature_the_sampler_treats_as_greedy_is_keyed_and_cached_as_greedy():
+    """A direct llm_engine request may send a temperature under MIN_TEMPERATURE (the scheduler step
+    rounds it to 0): the sampler takes the argmax, so the answer is replayable and is greedy's."""
+    from cache.response_cache import is_deterministic
+
+    tiny = replace(EngineRequestParams(max_tokens=8), temperature=1e-7, top_k=5)
+    assert tiny.greedy and is_deterministic(tiny)
+    assert key(tiny) == key(EngineRequestParams(max_tokens=8))
+    assert key(replace(tiny, temperature=1e-5)) != key(tiny)  # MIN_TEMPERATURE itself samples
+
+
 # -- the engine (tiny model, its tokenizer, real Redis): what the merged keys claim --------------------
 
 
