@@ -110,6 +110,11 @@ class CoalescingEmbedder:
     def fits(self, texts: list[str] | tuple[str, ...]) -> list[bool]:
         return self.inner.fits(list(texts))
 
+    @property
+    def identity(self) -> str | None:
+        """The inner embedder's (its vectors are the inner one's): what the semantic cache keys by."""
+        return getattr(self.inner, "identity", None)
+
     def snapshot(self) -> dict[str, int]:
         """The cumulative counters, for metrics (the semantic cache reports them as ``embed_<name>``)."""
         with self._cond:

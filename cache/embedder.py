@@ -9,6 +9,7 @@ mask, L2-normalize. Normalized vectors make cosine similarity a plain dot produc
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ import numpy as np
 
 EMBED_DIM = 384
 MAX_SEQ_LENGTH = 256  # from the checkpoint's sentence_bert_config.json
+# How a vector is made of the model's output (`_embed_batch`): change it, change this, and the semantic
+# cache's entries of the old vectors are no longer compared (`embedder_identity`).
+EMBED_RECIPE = "mean-pool-l2-normalize-v1"
 
 
 def default_model_dir() -> Path:
@@ -44,6 +48,25 @@ def load_checkpoint(model_dir: Path | None = None):
     return tokenizer, model, model_dir
 
 
+def embedder_identity(model_dir: Path, max_seq_length: int) -> str:
+    """What the vectors depend on, as 16 hex digits: the recipe (`EMBED_RECIPE`), the truncation, and the
+    checkpoint: config.json, vocab.txt and what `checkpoint_digest` reads (tokenizer files, each weight
+    file's size and sampled bytes, every tensor of a safetensors file). The semantic cache keys its
+    entries by it, so vectors of another model, weights or recipe are never compared with this one's;
+    sampled as the serving fingerprint is, a few MiB read once per embedder, not per lookup."""
+    from cache.fingerprint import checkpoint_digest
+
+    model_dir = Path(model_dir)
+    digest = hashlib.sha256(f"{EMBED_RECIPE}|max_seq_length={int(max_seq_length)}|".encode())
+    for name in ("config.json", "vocab.txt"):
+        path = model_dir / name
+        if path.is_file():
+            data = path.read_bytes()
+            digest.update(f"{name}:{len(data)}:".encode() + data)
+    digest.update(checkpoint_digest(model_dir).encode())
+    return digest.hexdigest()[:16]
+
+
 def mean_pool(hidden, attention_mask):
     """The mean of the hidden states over the attention mask, as sentence-transformers pools MiniLM."""
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
@@ -59,7 +82,7 @@ class EmbedderConfig:
 
 
 class MiniLMEmbedder:
-    """``embed(texts) -> float32 (n, 384)``, unit-norm rows.
+    """``embed(texts) -> float32 (n, 384)``, unit-norm rows; ``identity``: `embedder_identity`.
 
     Thread-safe: one lock serializes forward passes (a BERT forward already uses every intra-op
     thread, so concurrent calls would only contend), another the tokenizer (a Rust object with mutable
@@ -80,6 +103,7 @@ class MiniLMEmbedder:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         self.dim = int(self.model.config.hidden_size)
+        self.identity = embedder_identity(self.model_dir, self.config.max_seq_length)
 
     def embed(self, texts: list[str] | tuple[str, ...]) -> np.ndarray:
         """Embeds ``texts`` in batches of ``batch_size``; an empty input gives a (0, dim) array."""

@@ -4,7 +4,8 @@ Only deterministic requests are cacheable (greedy, or sampled with an explicit s
 to a request that asked for randomness would silently take the randomness away.
 
 The key is SHA-256 over a canonical JSON document of the model fingerprint, the tenant and every
-parameter that changes the generated text, then the prompt token ids packed as little-endian int64, so
+parameter that changes the generated text (for a sampled request, the engine's device type too: a CPU
+and a CUDA generator draw apart for one seed), then the prompt token ids packed as little-endian int64, so
 two processes (or machines) with the same model compute the same key, and tenants never share an entry.
 `max_tokens` is checked against the entry instead of hashed: it does not change the tokens, only where
 they stop. An entry holds the answer's token ids and whether it is final (EOS, a stop string or the
@@ -83,7 +84,16 @@ def is_deterministic(params: EngineRequestParams) -> bool:
     return params.greedy or params.seed is not None
 
 
-def sampling_signature(params: EngineRequestParams, vocab_size: int | None = None) -> dict[str, Any]:
+def rng_device(device: str) -> str:
+    """The device type whose generator a sampled request draws from ("cpu", "cuda"; the engine's
+    `device`, "cuda:N" included): a CPU torch.Generator and a CUDA one seeded alike give other streams
+    (engine/sampling.py), so a seeded answer is the answer of one device type only."""
+    return str(device).split(":", 1)[0]
+
+
+def sampling_signature(
+    params: EngineRequestParams, vocab_size: int | None = None, *, rng: str = "cpu"
+) -> dict[str, Any]:
     """Every request parameter that changes the generated text, in canonical (JSON-stable) form.
 
     A greedy request's top_p, top_k and seed are left out (argmax ignores them), and so is
@@ -91,11 +101,14 @@ def sampling_signature(params: EngineRequestParams, vocab_size: int | None = Non
     as the request asks. Either would only split one answer over several keys. The tenant is not in
     here; callers that key by tenant add it separately. A top_k of at least `vocab_size` (the model's
     logits width, when the caller knows it) is keyed as 0: the sampler skips top-k for both
-    (engine/sampling.py); the stop strings as `canonical_stops`.
+    (engine/sampling.py); the stop strings as `canonical_stops`. A sampled request's `rng` (`rng_device`)
+    is in: a replica on another device type would draw another answer for the same seed; a greedy one's
+    is not (argmax draws nothing), so greedy answers stay shared by a fleet of CPU and CUDA replicas and
+    keep the keys they had.
     """
     greedy = params.greedy
     no_top_k = greedy or (vocab_size is not None and params.top_k >= vocab_size)
-    return {
+    signature = {
         "max_tokens": int(params.max_tokens),
         "temperature": 0.0 if greedy else float(params.temperature),
         "top_p": 1.0 if greedy else float(params.top_p),
@@ -104,6 +117,9 @@ def sampling_signature(params: EngineRequestParams, vocab_size: int | None = Non
         "stop": canonical_stops(params.stop),
         "ignore_eos": bool(params.ignore_eos),
     }
+    if not greedy:
+        signature["rng"] = rng_device(rng)
+    return signature
 
 
 def canonical_stops(stops: Sequence[str]) -> list[str]:
@@ -116,9 +132,11 @@ def canonical_stops(stops: Sequence[str]) -> list[str]:
     return [s for s in unique if not any(s != t and s.startswith(t) for t in unique)]
 
 
-def exact_signature(params: EngineRequestParams, vocab_size: int | None = None) -> dict[str, Any]:
+def exact_signature(
+    params: EngineRequestParams, vocab_size: int | None = None, *, rng: str = "cpu"
+) -> dict[str, Any]:
     """What the exact key holds of the sampling: all but `max_tokens`, which the entry is checked against."""
-    signature = sampling_signature(params, vocab_size)
+    signature = sampling_signature(params, vocab_size, rng=rng)
     del signature["max_tokens"]
     return signature
 
@@ -263,12 +281,19 @@ def sha256_hex(*parts: bytes) -> str:
 
 
 def exact_key(
-    fingerprint: str, prompt_ids: Sequence[int], params: EngineRequestParams, vocab_size: int | None = None
+    fingerprint: str,
+    prompt_ids: Sequence[int],
+    params: EngineRequestParams,
+    vocab_size: int | None = None,
+    *,
+    rng: str = "cpu",
 ) -> str:
     """The exact cache's key of a prompt; the scheduler step hashes it on arrival, the engine to check it.
-    Both pass the same `vocab_size` (cache/fingerprint.py `model_vocab_size`): a key of either that the
-    other does not hash is a forged one to the engine, and its answer is not written."""
-    doc = {"fp": fingerprint, "tenant": params.tenant, "sampling": exact_signature(params, vocab_size)}
+    Both pass the same `vocab_size` (cache/fingerprint.py `model_vocab_size`) and `rng` (the engine's
+    device, `sampling_signature`): a key of either that the other does not hash is a forged one to the
+    engine, and its answer is not written."""
+    sampling = exact_signature(params, vocab_size, rng=rng)
+    doc = {"fp": fingerprint, "tenant": params.tenant, "sampling": sampling}
     ids = struct.pack(f"<{len(prompt_ids)}q", *prompt_ids)
     digest = sha256_hex(canonical_json(doc), ids)
     return f"{exact_namespace(fingerprint)}:{tenant_tag(params.tenant)}:{digest}"
@@ -412,6 +437,7 @@ class ExactResponseCache(RedisCacheBase):
     """get/put of generated answers keyed by (fingerprint, tenant, prompt ids, sampling but max_tokens)."""
 
     vocab_size: int | None = None  # the model's logits width, for `exact_key` (None: top_k keyed as sent)
+    rng = "cpu"  # `rng_device` of the engine's device: the constructor's `device`
 
     def __init__(
         self,
@@ -424,13 +450,16 @@ class ExactResponseCache(RedisCacheBase):
         directory: KeyDirectory | None = None,
         tenant_max_entries: int = 0,
         vocab_size: int | None = None,
+        device: str = "cpu",
     ):
+        """`device`: the engine's, whose generator a seeded answer drew from (`sampling_signature`)."""
         if tenant_max_entries < 0:
             raise ValueError(f"tenant_max_entries must be >= 0 (0: no quota), got {tenant_max_entries}")
         super().__init__(redis_url, timeout_s, breaker, ExactCacheStats())
         self.directory = directory
         self.fingerprint = fingerprint
         self.vocab_size = vocab_size
+        self.rng = rng_device(device)
         self.namespace = exact_namespace(fingerprint)
         self.ttl_s = redis_ttl(ttl_s)
         self.max_value_bytes = max_value_bytes
@@ -444,7 +473,7 @@ class ExactResponseCache(RedisCacheBase):
         return is_deterministic(params)
 
     def key(self, prompt_ids: Sequence[int], params: EngineRequestParams) -> str:
-        return exact_key(self.fingerprint, prompt_ids, params, self.vocab_size)
+        return exact_key(self.fingerprint, prompt_ids, params, self.vocab_size, rng=self.rng)
 
     def tenant_index(self, tenant: str) -> str:
         """The sorted set of the tenant's answers that the quota trims: outside every model's namespace

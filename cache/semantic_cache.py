@@ -6,8 +6,9 @@ reset my password?" vs "How do I not reset my password?" 0.93, vs "I forgot my p
 set a new one?" 0.89), and GPTCache at threshold 0.8 returns wrong answers for about 9% of its hits.
 So a match must pass three checks besides the cosine threshold:
 
-- the same sampling signature (temperature, seed, stop ...): other parameters, other answer; `max_tokens`
-  is checked against the entry's answer instead (below);
+- the same sampling signature (temperature, seed, stop ..., and for a sampled request the engine's device
+  type, whose generator drew it): other parameters, other answer; `max_tokens` is checked against the
+  entry's answer instead (below);
 - never for temperature > 0 without a seed: that request asked for a fresh sample;
 - ``QuestionGuard``: rejects a pair when one question has a negation, exception or comparison-direction
   word that the other lacks or reverses, swaps a from/to or than direction, names other numbers or
@@ -36,13 +37,13 @@ older rule, content-word overlap <= ``LOW_BAND_MAX_OVERLAP``, and is closed by d
 bench/semantic_cache.py fits the verifier and picks the thresholds on one half of the paraphrase set and
 reports the other half.
 
-Stored per (model fingerprint, tenant): the prompt, the answer as the engine computed it (``ExactAnswer``:
-every generated token id, how many the final response sent, the stop string's trim, whether it is final),
-the embedding (float32 bytes) and the signature, with a checksum over all of them and the tenant; when
-the entry was written is its score in the tenant's age set. A tenant's lookups read only that tenant's
-keys, and an entry copied under another tenant fails its checksum. Lookups are brute-force cosine over
-the tenant's matrix, kept in memory and re-read only when the tenant's version counter in Redis moves
-(every store, eviction or corruption cleanup bumps it).
+Stored per (model fingerprint, embedder identity, tenant): the prompt, the answer as the engine computed it
+(``ExactAnswer``: every generated token id, how many the final response sent, the stop string's trim,
+whether it is final), the embedding (float32 bytes) and the signature, with a checksum over all of them
+and the tenant; when the entry was written is its score in the tenant's age set. A tenant's lookups
+read only that tenant's keys, and an entry copied under another tenant fails its checksum. Lookups are
+brute-force cosine over the tenant's matrix, kept in memory and re-read only when the tenant's version
+counter in Redis moves (every store, eviction or corruption cleanup bumps it).
 
 An answer serves budgets as the exact cache's does (``ExactAnswer.within``): a request allowed fewer
 tokens gets its first ones, one allowed more only a final answer (EOS or a stop string), else the lookup
@@ -83,6 +84,7 @@ from cache.response_cache import (
     is_deterministic,
     load_json_object,
     redis_ttl,
+    rng_device,
     sha256_hex,
     tenant_tag,
 )
@@ -189,9 +191,19 @@ return redis.call('INCR', KEYS[4])
 
 
 class Embedder(Protocol):
+    # and, optionally, `identity`: a str naming what its vectors depend on (`embedder_tag`)
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
     def fits(self, texts: list[str]) -> list[bool]: ...  # embedded whole, not truncated
+
+
+def embedder_tag(embedder: Embedder) -> str:
+    """A fixed-width, key-safe form of the embedder's `identity` (MiniLMEmbedder: its checkpoint and
+    recipe, cache/embedder.py; a CoalescingEmbedder: its inner one's): in the keys, so entries written
+    with other vectors are never read, let alone compared. One that names none (tests' stand-ins)
+    shares the tag of "unnamed"."""
+    identity = str(getattr(embedder, "identity", None) or "unnamed")
+    return hashlib.sha256(identity.encode("utf-8")).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1039,6 +1051,7 @@ class SemanticResponseCache(RedisCacheBase):
         verifier: Verifier | None | str = "default",
         pair_check: PairCheck | None = None,
         recent_vectors: int = 1024,
+        device: str = "cpu",
     ):
         """``use_guard=False`` exists for the benchmark's ablation only; never serve without it (the
         lower band needs the guard, so without it only ``threshold`` counts).
@@ -1048,8 +1061,10 @@ class SemanticResponseCache(RedisCacheBase):
         ``low_threshold`` None: the verifier's own band bottom, or ``threshold`` (band closed) without one.
         ``pair_check``: the cross-encoder every would-be hit must also pass (``PairCheck``); None serves on
         the cosine, guard and verifier alone. ``recent_vectors``: how many (tenant, prompt) vectors are
-        kept so that a missed prompt's store reuses its lookup's (``cache/embed_memo.py``); 0: none."""
+        kept so that a missed prompt's store reuses its lookup's (``cache/embed_memo.py``); 0: none.
+        ``device``: the engine's, whose generator a seeded answer drew from (`sampling_signature`)."""
         super().__init__(redis_url, timeout_s, breaker, SemanticCacheStats())
+        self.rng = rng_device(device)
         self.recent = RecentVectors(recent_vectors) if recent_vectors else None
         self.last_embed_error: str | None = None
         self.fingerprint = fingerprint
@@ -1083,8 +1098,14 @@ class SemanticResponseCache(RedisCacheBase):
     @embedder.setter
     def embedder(self, embedder: Embedder) -> None:
         """Another embedder (the benchmark swaps them) starts with no recent vectors: they were its
-        predecessor's."""
-        self._embedder = embedder
+        predecessor's; one of another identity reads and writes under its own keys (`embedder_tag`), and
+        the matrices read under the old ones are dropped."""
+        space = f"{self.fingerprint}:{embedder_tag(embedder)}"
+        with self._lock:
+            if space != getattr(self, "_space", space):
+                self._matrices.clear()
+            self._space = space
+            self._embedder = embedder
         if self.recent is not None:
             self.recent.clear()
 
@@ -1107,17 +1128,16 @@ class SemanticResponseCache(RedisCacheBase):
     # -- keys and records ------------------------------------------------------------------------
 
     def _keys(self, tenant: str) -> list[str]:
-        # one hash tag per (model, tenant): the store/delete scripts touch all four keys, which Redis
-        # Cluster allows only within one slot
-        p = f"{KEY_PREFIX}:{{{self.fingerprint}:{tenant_tag(tenant)}}}"
+        # one hash tag per (model, embedder, tenant): the store/delete scripts touch all four keys, which
+        # Redis Cluster allows only within one slot
+        p = f"{KEY_PREFIX}:{{{self._space}:{tenant_tag(tenant)}}}"
         return [f"{p}:emb", f"{p}:doc", f"{p}:age", f"{p}:ver"]
 
-    @staticmethod
-    def signature(params: EngineRequestParams, variant: str = "") -> str:
+    def signature(self, params: EngineRequestParams, variant: str = "") -> str:
         """Parameters that change the completion but `max_tokens`, which is checked against the entry
-        (`exact_signature`), and the prompt's `variant`: what its text leaves out but must match too (its
-        special tokens: the caller's)."""
-        sig = exact_signature(params)
+        (`exact_signature`, with this engine's device type for a sampled request), and the prompt's
+        `variant`: what its text leaves out but must match too (its special tokens: the caller's)."""
+        sig = exact_signature(params, rng=self.rng)
         if variant:
             sig["variant"] = variant
         return hashlib.sha256(canonical_json(sig)).hexdigest()[:32]

@@ -227,6 +227,7 @@ def build_response_tier(
             directory=key_directory(config, exact_namespace(fingerprint), log),
             tenant_max_entries=config.exact_tenant_max_entries,
             vocab_size=model_vocab_size(model_dir),  # as the scheduler step keys
+            device=config.device,
         )
     except ImportError as exc:
         log(f"response cache off: {exc}")
@@ -249,6 +250,7 @@ def build_response_tier(
                 max_entries_per_tenant=config.semantic_tenant_max_entries,
                 verifier="default" if config.semantic_verifier else None,
                 pair_check=pair_check(config),
+                device=config.device,
             )
         except (ImportError, OSError, ValueError) as exc:  # an optional package, or weights that do not load
             log(f"semantic cache off: {exc}")

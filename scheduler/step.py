@@ -38,6 +38,7 @@ class SchedulerStep:
     # cacheable request's key here, in its own process, so that the engine's (the bottleneck under load,
     # its Python threads sharing one GIL) does not; the engine checks a key before a hit or a write.
     exact_fingerprint: str | None = None
+    device: str = "cpu"  # the engine's: a seeded answer's key names its generator's device type
     tenant_auth: TenantAuth = field(default_factory=TenantAuth)  # disabled unless given a secret
     vocab_size: int | None = None  # the engine's, for the key (cache/fingerprint.py `model_vocab_size`)
 
@@ -82,7 +83,7 @@ class SchedulerStep:
         if token:
             params = replace(params, tenant_token=token)
         if self.exact_fingerprint and params.reads_response_cache and is_deterministic(params):
-            key = exact_key(self.exact_fingerprint, ids, params, self.vocab_size)
+            key = exact_key(self.exact_fingerprint, ids, params, self.vocab_size, rng=self.device)
             params = replace(params, response_key=key)
         priority, deadline_ns = assign(tier_of_request, now_ns)
         return PreparedRequest(ids, params, priority, deadline_ns)

@@ -43,7 +43,9 @@ def key(params: EngineRequestParams, vocab_size: int | None = None) -> str:
 
 
 def old_key(params: EngineRequestParams) -> str:
-    """The key as the code before the fix hashed it (stop strings and top_k as sent)."""
+    """The key as the code before the fix hashed it (stop strings and top_k as sent), with a sampled
+    request's device type, which the key holds since (`sampling_signature`: a CPU and a CUDA generator
+    draw apart for one seed, so seeded entries written before, of no known device, are not read)."""
     greedy = params.temperature == 0.0
     sampling = {
         "temperature": float(params.temperature),
@@ -53,6 +55,8 @@ def old_key(params: EngineRequestParams) -> str:
         "stop": list(params.stop),
         "ignore_eos": bool(params.ignore_eos),
     }
+    if not greedy:
+        sampling["rng"] = "cpu"
     doc = {"fp": "fp", "tenant": params.tenant, "sampling": sampling}
     digest = sha256_hex(canonical_json(doc), struct.pack(f"<{len(PROMPT)}q", *PROMPT))
     return f"{exact_namespace('fp')}:{tenant_tag(params.tenant)}:{digest}"

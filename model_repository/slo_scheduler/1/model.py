@@ -80,6 +80,7 @@ class TritonPythonModel:
             ),
             tiers=tiers.for_device(params.get("device", "cpu")),
             exact_fingerprint=exact_fingerprint,
+            device=params.get("device", "cpu"),
             tenant_auth=TenantAuth.from_env(),
             vocab_size=model_vocab_size(model_dir),
         )
