@@ -195,11 +195,14 @@ class TritonEngineObserver(EngineObserver):
         self._histogram(tier, self.overhead, OVERHEAD_BUCKETS).observe(seconds)
 
     def on_cache_counters(self, counters: dict[tuple[str, str], float]) -> None:
+        """Each counter's series is made when it is first reported, at 0 if nothing happened yet: a series
+        made on its first increment hid that increment from rate() and increase() (a first checksum
+        failure raised no alert), and a tier that never hit had no hit rate, where it has 0."""
         for (tier, counter), value in counters.items():
+            self._metric(self.cache_events, tier=tier, counter=counter)
             self._cache_deltas.send((tier, counter), value, partial(self._count_cache, tier, counter))
 
     def _count_cache(self, tier: str, counter: str, delta: float) -> None:
-        """A series is made on its first increment: counters that stay 0 export none."""
         self._metric(self.cache_events, tier=tier, counter=counter).increment(delta)
 
     def on_cache_gauges(self, gauges: dict[tuple[str, str], float]) -> None:

@@ -70,7 +70,7 @@ class ExactCacheStats:
     errors: int = 0  # Redis unreachable, slow or failing, or skipped while the breaker is open
     local_misses: int = 0  # misses the key directory answered without asking Redis
     corrupt: int = 0  # values that failed version/checksum validation (deleted)
-    uncacheable: int = 0  # get/put calls for non-deterministic requests
+    uncacheable: int = 0  # lookups (and get/put calls) of non-deterministic requests
     shorter: int = 0  # misses on an entry that stopped at a smaller max_tokens (counted in misses too)
     kept: int = 0  # writes of the entry already there, which served more budgets, instead of the answer
     stores: int = 0
@@ -547,6 +547,10 @@ class ExactResponseCache(RedisCacheBase):
         elif count_hit:
             self._count("hits")
         return answer
+
+    def count_uncacheable(self) -> None:
+        """A lookup of a request no cache may answer (sampled without a seed), which asks Redis nothing."""
+        self._count("uncacheable")
 
     def count_hit(self) -> None:
         """A hit `get(count_hit=False)` returned, counted once its key was found to be the prompt's."""

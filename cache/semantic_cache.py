@@ -142,6 +142,7 @@ end
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 local cap = tonumber(ARGV[8])
 local victims = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[7], 'LIMIT', 0, cap)
+local expired_victims = #victims
 local excess = math.min(redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[6]), cap)
 if excess > 0 then  -- the oldest, never the entry this store wrote (a tie, or a clock behind the others)
   for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, excess)) do
@@ -151,14 +152,16 @@ if excess > 0 then  -- the oldest, never the entry this store wrote (a tie, or a
     end
   end
 end
-local evicted = 0
-for _, id in ipairs(victims) do
-  evicted = evicted + redis.call('ZREM', KEYS[3], id)
+-- an entry past its TTL is expired, not evicted; one listed twice (expired and oldest) is deleted once
+local evicted, expired = 0, 0
+for i, id in ipairs(victims) do
+  local removed = redis.call('ZREM', KEYS[3], id)
+  if i <= expired_victims then expired = expired + removed else evicted = evicted + removed end
   redis.call('HDEL', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
 end
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
-return {evicted, kept and 1 or 0}
+return {evicted, kept and 1 or 0, expired}
 """
 )
 # ARGV: the entry's id, embedding and document, when it is written (its score in the age set: what
@@ -736,7 +739,8 @@ class SemanticCacheStats:
     shorter: int = 0  # misses on a best match that stopped at a smaller max_tokens (counted in misses too)
     kept: int = 0  # stores that kept the entry already there, which served more budgets, and renewed it
     stores: int = 0
-    evictions: int = 0
+    evictions: int = 0  # entries a store deleted for the tenant's bound (`max_entries_per_tenant`)
+    expired: int = 0  # entries past their TTL a store deleted: never served again, no eviction
 
 
 @dataclass(frozen=True)
@@ -1192,7 +1196,7 @@ class SemanticResponseCache(RedisCacheBase):
             "sum": self._checksum(entry_id, tenant, prompt, answer, sig, emb),
         }
         try:
-            evicted, kept = self._store_script(
+            evicted, kept, expired = self._store_script(
                 keys=self._keys(tenant),
                 args=[
                     entry_id,
@@ -1217,6 +1221,7 @@ class SemanticResponseCache(RedisCacheBase):
         self.breaker.record_success()
         self._count("kept" if kept else "stores")
         self._count("evictions", int(evicted or 0))
+        self._count("expired", int(expired or 0))
         return not kept
 
     def lookup(

@@ -151,7 +151,8 @@ class ResponseTier:
     ) -> ResponseLookup:
         """The cached answer as token ids (None: a miss, not cacheable, or Redis unavailable) and the key.
         `semantic` False: the exact cache only (then `lookup_semantic` on a miss, on another thread)."""
-        if not self.cache.cacheable(params):
+        if not self.cache.cacheable(params):  # neither hit nor miss: counted apart
+            self.cache.count_uncacheable()
             return ResponseLookup(None, None)
         began = time.perf_counter()
         key = self._request_key(prompt_ids, params)
