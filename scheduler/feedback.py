@@ -167,9 +167,16 @@ class FeedbackController:
         return self.weights
 
     def apply_to(self, queue: _WeightSink | None = None, admission: _ThresholdSink | None = None) -> None:
-        """Push each tier's share into a queue (aging rate) and an admission controller (threshold)."""
+        """Push each tier's share into a queue (aging rate) and an admission controller (threshold).
+        Tiers of one priority share the queue's level, so one aging rate: the largest of their shares,
+        so that a tier meeting its target never slows the aging of one that misses it."""
         if queue is not None:
-            for name, share in self._thresholds.items():
+            level_share: dict[int, tuple[float, str]] = {}
+            for tier in self.tiers:
+                level_share[tier.priority] = max(
+                    level_share.get(tier.priority, (0.0, "")), (self._thresholds[tier.name], tier.name)
+                )
+            for share, name in level_share.values():
                 queue.set_tier_weight(name, share)
         if admission is not None:
             for name, threshold in self._thresholds.items():

@@ -108,3 +108,27 @@ def test_feedback_converges_without_oscillating(exponent: float) -> None:
     target = TIERS.get("standard").ttft_target_ms
     assert abs(latencies[-1] / target - 1.0) <= 0.06
     assert sign_flips(weights) <= 3
+
+
+def test_tiers_sharing_a_priority_age_as_fast_as_the_one_most_behind() -> None:
+    """Found in review: tiers of one priority share the queue's level, and so one aging rate. Each tier's
+    share was pushed in turn and the last won, so a tier meeting its target could slow the aging of
+    one that misses it (here "silver", pushed after "gold"). The level now takes the larger share."""
+    table = TierTable.from_mapping(
+        {
+            "default_tier": "gold",
+            "tiers": {
+                "critical": {"priority": 1, "ttft_target_ms": 100},
+                "gold": {"priority": 2, "ttft_target_ms": 200},
+                "silver": {"priority": 2, "ttft_target_ms": 200},
+                "warmup": {"priority": 3, "ttft_target_ms": 1000},
+            },
+        }
+    )
+    ctl = FeedbackController(table, gain=1.0)
+    ctl.update({"gold": obs(800.0), "silver": obs(50.0)}, now_ns=1)  # gold far behind, silver well ahead
+    shares = ctl.thresholds
+    assert shares["gold"] > 1.0 > shares["silver"]
+    queue = SloQueue(table)
+    ctl.apply_to(queue)
+    assert queue.tier_weight("gold") == queue.tier_weight("silver") == shares["gold"]
