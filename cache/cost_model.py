@@ -124,6 +124,17 @@ class LoadCostModel:
                 self._exploring = False
                 self._last_load_at = self.clock()
 
+    def observe_failed_load(self, nbytes: int, seconds: float) -> bool:
+        """An L3 load of `nbytes` that went out and failed after `seconds` (a socket timeout): it cost at
+        least that and delivered nothing. Measured like a load when slower than predicted; a connection
+        refused at once says nothing of the bandwidth. Without this, chain GETs that time out while the
+        small probes answer (whose successes keep the breaker closed) cost every request a timeout, the
+        model deciding "load" on estimates it never revises. True when it was measured."""
+        if nbytes <= 0 or seconds <= self.predict_load_s(nbytes):
+            return False
+        self.observe_load(nbytes, seconds)
+        return True
+
     def explored_nothing(self) -> None:
         """An exploration loaded nothing (the blocks gone, Redis unavailable): the next load measured is
         an ordinary one, weighed into the mean, not a replacement of it."""

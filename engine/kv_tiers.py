@@ -177,17 +177,22 @@ class L3Tier:
         asked = available  # the probe's leading run, before an exploration cuts it
         if decision == "explore":  # a measurement, not a win: its request pays for a few blocks at most
             available = min(available, EXPLORE_BLOCKS)
+        failed_before = _failures_here(self.store)
         started = time.perf_counter()
         blocks = self.store.get_chain(keys[:available], self.meta)
+        elapsed = time.perf_counter() - started
         with self._lock:
             for key in keys[len(blocks) : available]:  # rejected (corrupt, incompatible) and deleted
                 self._known.pop(key)
             self.loaded_blocks += len(blocks)
         if blocks:  # the round trip moved every value it found, not only the leading run's
             fetched = max(len(blocks), getattr(blocks, "fetched", 0))
-            self.cost.observe_load(fetched * self.block_bytes, time.perf_counter() - started)
-        elif decision == "explore":
-            self.cost.explored_nothing()
+            self.cost.observe_load(fetched * self.block_bytes, elapsed)
+        else:  # a GET that went out and timed out is what loading costs now (an exploration's look too)
+            failed = _failures_here(self.store) != failed_before
+            measured = failed and self.cost.observe_failed_load(available * self.block_bytes, elapsed)
+            if decision == "explore" and not measured:
+                self.cost.explored_nothing()
         if not blocks:  # every block rejected (corrupt, incompatible), gone by the GET or Redis failed:
             return [], "missing"  # nothing served, not a hit of the chain
         if gap and len(blocks) == asked:  # the load reached the gap the probe found: its miss
