@@ -42,12 +42,18 @@ def _model(clock: FakeClock) -> LoadCostModel:
     return LoadCostModel(prior_load_bytes_per_s=10e9, prior_prefill_tokens_per_s=10_000.0, clock=clock)
 
 
-def test_chain_gets_that_time_out_teach_the_cost_model_to_recompute():
+def _tier(failure_threshold: int):
+    """An L3 tier over the congested store, with its breaker, MGET count and cost model."""
     clock = FakeClock()
-    breaker = CircuitBreaker(failure_threshold=3, reset_timeout_s=5.0, clock=clock)
+    breaker = CircuitBreaker(failure_threshold=failure_threshold, reset_timeout_s=5.0, clock=clock)
     store, mgets = _congested_store(breaker)
     cost = _model(clock)
-    l3 = L3Tier(store, META, cost)
+    return L3Tier(store, META, cost), breaker, mgets, cost
+
+
+def test_chain_gets_that_time_out_teach_the_cost_model_to_recompute():
+    l3, breaker, mgets, cost = _tier(failure_threshold=3)
+    store = l3.store
     try:
         keys = _keys(4)  # 64 tokens: 6.4 ms to recompute; a GET costs its 20-ms timeout
         outcomes = [l3.fetch_with_outcome(keys)[1] for _ in range(10)]
@@ -61,11 +67,7 @@ def test_chain_gets_that_time_out_teach_the_cost_model_to_recompute():
 
 def test_a_get_the_open_breaker_refused_is_not_a_measurement():
     """Refused at once, nothing was sent: the model must not read that as an instant load."""
-    clock = FakeClock()
-    breaker = CircuitBreaker(failure_threshold=1, reset_timeout_s=5.0, clock=clock)
-    store, mgets = _congested_store(breaker)
-    cost = _model(clock)
-    l3 = L3Tier(store, META, cost)
+    l3, breaker, mgets, cost = _tier(failure_threshold=1)
     try:
         keys = _keys(4)
         breaker.record_failure()  # open
