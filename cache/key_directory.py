@@ -267,6 +267,7 @@ class KeyDirectory:
         self._scan_listeners: list[Callable[[set[str]], None]] = []
         self._adds = 0  # bumped by every add, local or announced (see `discard`)
         self._synced = False
+        self._backoff = 0.2  # before the next reconnect; back to 0.2 at every completed scan
         self._stop = threading.Event()
         self._lock = threading.Lock()  # stats only: set operations are atomic under the GIL
         self.stats = KeyDirectoryStats()
@@ -348,18 +349,17 @@ class KeyDirectory:
             setattr(self.stats, name, getattr(self.stats, name) + 1)
 
     def _run(self) -> None:
-        backoff = 0.2
+        self._backoff = 0.2
         while not self._stop.is_set():
             try:
                 self._follow()
-                backoff = 0.2
             except self._errors as exc:
                 self._synced = False
                 self._count("disconnects")
-                if backoff == 0.2:  # the first failure of a streak; the counter tells the rest
+                if self._backoff == 0.2:  # the first failure of a streak; the counter tells the rest
                     self._log(f"key directory {self.namespace}: {type(exc).__name__}: {exc}; unsynced")
-                self._stop.wait(backoff)
-                backoff = min(10.0, backoff * 2)
+                self._stop.wait(self._backoff)
+                self._backoff = min(10.0, self._backoff * 2)
 
     def _follow(self) -> None:
         """Subscribe, then scan (announcements during the scan wait in the socket), then apply them."""
@@ -424,6 +424,10 @@ class KeyDirectory:
         self._keys = fresh
         self._adds += 1  # a miss seen before the scan must not discard a key the scan found (`discard`)
         self._synced = True
+        # a streak ends with a good sync: `_follow` returns only when closed, so a backoff reset there
+        # never ran, and every later disconnect (an output-buffer kill, a restart, days on) waited the
+        # grown backoff, up to 10 s unsynced, and went unlogged
+        self._backoff = 0.2
         self._count("scans")
 
     def _overflow(self) -> None:

@@ -568,8 +568,8 @@ class ExactResponseCache(RedisCacheBase):
         adds = None if self.directory is None else self.directory.adds  # a write after the DEL stays listed
         try:
             deleted = script(keys=[key], args=args) == 1
-        except self._redis_errors:
-            self._fail()
+        except self._redis_errors as exc:  # a read-only replica refuses the delete: not a Redis failure
+            self._write_failed(exc)
             return
         if deleted:
             self._forget(key, unless_added_since=adds)

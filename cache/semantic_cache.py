@@ -1424,8 +1424,8 @@ class SemanticResponseCache(RedisCacheBase):
         if bad:
             try:
                 stamp = int(self._delete_script(keys=keys, args=[version or b"", *bad]))
-            except self._redis_errors:
-                self._fail()
+            except self._redis_errors as exc:  # refused by a read-only replica: not a Redis failure
+                self._write_failed(exc)
                 stamp = 0
             if stamp:  # deleted: counted once (a refused delete is found, and counted, by the next read)
                 self._count("incomplete", incomplete)
@@ -1449,8 +1449,8 @@ class SemanticResponseCache(RedisCacheBase):
         self._count("corrupt")
         try:
             self.client.delete(*keys)
-        except self._redis_errors:
-            self._fail()
+        except self._redis_errors as exc:
+            self._write_failed(exc)
         return None
 
     def _build_matrix(
