@@ -8,8 +8,8 @@ Being stateless, any detokenizer instance can serve any response.
 
 Consistency across calls: the delta's start depends only on the last 3 bytes of the window's context
 (the tokens before `read_offset`). The engine's windows (`window_start`) start at least 4 tokens before
-`read_offset` (or at 0), and further back past tokens of fewer than 2 bytes, which covers them even
-where the context is mostly special tokens (they decode to nothing).
+`read_offset` (or at 0), and further back past tokens of fewer than 2 bytes and until the context holds
+3 bytes, which covers them even where the context is mostly special tokens (they decode to nothing).
 
 Other tokenizers (sentencepiece: ByteFallback, Metaspace, Strip) are decoded as text, and a window is
 decoded as if it began the output: the engine starts a window cut mid-output on a token of 2+ bytes
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -32,7 +32,8 @@ from tokenizers import Tokenizer
 
 REPLACEMENT = "\ufffd"
 CONTEXT_TOKENS = 4  # a UTF-8 character spans at most 4 byte-level tokens
-MAX_EXTRA_CONTEXT = 64  # how far `window_start` looks back past short tokens for a window's first token
+CONTEXT_BYTES = 3  # a byte-level delta's start depends on the context's last 3 bytes
+MAX_EXTRA_CONTEXT = 64  # how many short tokens but byte-fallback ones `window_start` looks back past
 
 
 def _unicode_to_bytes() -> Mapping[str, int]:
@@ -104,18 +105,38 @@ def sanitize(data: bytes | bytearray) -> bytes:
     return bytes(data).decode("utf-8", errors="replace").encode("utf-8")
 
 
-def window_start(output: Sequence[int], sent: int, token_bytes: Callable[[int], bytes]) -> int:
+def window_start(
+    output: Sequence[int],
+    sent: int,
+    token_bytes: Callable[[int], bytes],
+    byte_run: Collection[int] = frozenset(),
+) -> int:
     """Where the engine's streamed window over `output` starts when `output[:sent]` has been sent.
 
     At least CONTEXT_TOKENS before `sent` (or 0), then back to a token of 2+ bytes: never a special
     token (b""), a byte-fallback token (1 byte) or, conservatively, any other 1-byte token, so a
     text-diff decode never sees a byte run cut by the window start, nor a new token as the window's first
-    decoded one (see the module doc). Looks back at most MAX_EXTRA_CONTEXT tokens further.
+    decoded one (see the module doc); and back until the context holds CONTEXT_BYTES, which a byte-level
+    delta needs (a first token of 2 continuation bytes then special tokens held fewer). It looks back
+    past at most MAX_EXTRA_CONTEXT special and other short tokens (a long number is a digit token
+    each), but past `byte_run` tokens (ByteFallback's <0xNN>: `TokenDecoder.byte_ids`) without a
+    bound: ByteFallback decodes a run all or nothing, and a bound inside a run of 65+ of them (25
+    characters outside the vocabulary) sent U+FFFD for valid text. The window grows with such a run
+    only, whose text is held until its last character completes anyway.
     """
     start = max(0, sent - CONTEXT_TOKENS)
-    floor = max(0, start - MAX_EXTRA_CONTEXT)
-    while start > floor and len(token_bytes(output[start])) < 2:
+    context = sum(len(token_bytes(t)) for t in output[start:sent])
+    extra = 0
+    while start > 0:
+        size = len(token_bytes(output[start]))
+        if size >= 2 and context >= CONTEXT_BYTES:
+            break
+        if output[start] not in byte_run:
+            extra += 1
+            if extra > MAX_EXTRA_CONTEXT:
+                break
         start -= 1
+        context += len(token_bytes(output[start]))
     return start
 
 
@@ -208,6 +229,8 @@ class TokenDecoder:
             full = prefix + self.raw_bytes(token_ids[read_offset:])
             end = len(full) - trim_bytes if final else complete_prefix_len(full)
             return sanitize(full[complete_prefix_len(prefix) : max(end, complete_prefix_len(prefix))])
+        if any(not 0 <= int(i) < 2**32 for i in token_ids):  # Tokenizer.decode raised OverflowError: INTERNAL
+            raise ValueError(f"token ids must lie in 0..2**32-1 (got {min(token_ids)}..{max(token_ids)})")
         text = self._text_delta(token_ids, read_offset, final)
         # the trim counts `id_bytes`, which may differ from the decoded text (U+FFFD): never split a character
         return sanitize(text[: max(0, len(text) - trim_bytes)]) if trim_bytes else text

@@ -118,6 +118,7 @@ class Engine:
     ):
         self.runner = runner
         self.token_bytes = token_bytes
+        self.byte_run_tokens: frozenset[int] = frozenset()  # ByteFallback's <0xNN>: `window_start`; settable
         self.eos_ids = eos_ids
         self.max_new_tokens = max_new_tokens  # the scheduler step's cap, for requests sent here directly
         self.prompt_buckets = tuple(b for b in prompt_buckets if b < runner.max_len) + (runner.max_len,)
@@ -850,7 +851,9 @@ class Engine:
         if params.stream:
             if ready <= state.sent and not final:
                 return
-            start = window_start(state.output, state.sent, self.token_bytes)  # see engine.detokenize
+            start = window_start(
+                state.output, state.sent, self.token_bytes, self.byte_run_tokens
+            )  # detokenize
             window, offset = state.output[start:ready], state.sent - start
         elif params.exclude_input_in_output:
             window, offset = state.output[:ready], 0

@@ -412,6 +412,7 @@ def load_engine(
         preemption=PreemptionPolicy(config.max_preemptions) if config.preemption else None,
     )
     engine.log = log
+    engine.byte_run_tokens = decoder.byte_ids
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
     engine.tenant_auth = TenantAuth.from_env()
     if not engine.tenant_auth.enabled:

@@ -73,11 +73,11 @@ def engine_stream(
             break
         ready, trim = stop.releasable(finished=False)
         if i in cuts and ready > sent:
-            start = window_start(output, sent, token_bytes)
+            start = window_start(output, sent, token_bytes, dec.byte_ids)
             pieces.append(dec.delta(output[start:ready], sent - start, False, trim))
             sent = ready
     ready, trim = stop.releasable(finished=True)
-    start = window_start(output, sent, token_bytes)
+    start = window_start(output, sent, token_bytes, dec.byte_ids)
     pieces.append(dec.delta(output[start:ready], sent - start, True, trim))
     return pieces, dec.delta(output[:ready], 0, True, trim)
 
