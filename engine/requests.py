@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from scheduler.errors import RequestError
-from scheduler.messages import EngineRequestParams
+from scheduler.messages import EngineRequestParams, utf8_encodable
 from scheduler.sampling_rules import SAMPLING_KEYS, check_sampling
 from scheduler.validation import TENANT_RULE, validate_tenant
 
@@ -56,7 +56,14 @@ class EngineRequest:
 def check_params(params: EngineRequestParams, max_new_tokens: int) -> None:
     """RequestError (INVALID_ARG) for parameters the scheduler step would have refused, by its own rules:
     Triton serves llm_engine to anyone, and a direct request was held to none of the step's limits
-    (max_tokens past the cap, top_p 0 failing as INTERNAL, stop strings of any number and length)."""
+    (max_tokens past the cap, top_p 0 failing as INTERNAL, stop strings of any number and length), nor
+    to a response_key UTF-8 can write: JSON's "\\ud800" escape under the exact cache's namespace raised
+    UnicodeEncodeError from the Redis GET, answered INTERNAL."""
     check_sampling({key: getattr(params, key) for key in SAMPLING_KEYS}, max_new_tokens, "request_params")
+    if not utf8_encodable(params.response_key):
+        raise RequestError.invalid(
+            f"request_params.response_key {params.response_key[:60]!r} is not Unicode text (a lone "
+            'surrogate escape); allowed: the scheduler step\'s key, or ""'
+        )
     if validate_tenant(params.tenant) != params.tenant:  # "": the step sends "default" instead
         raise RequestError.invalid(f"invalid tenant {params.tenant!r}; allowed: {TENANT_RULE}")
