@@ -346,6 +346,20 @@ def load_templates(
         return [], [{"stage": "prefix_templates", "error": f"{path}: {type(exc).__name__}: {exc}"}]
 
 
+@dataclass
+class _Started:
+    """What a load started that runs on its own (threads, Redis clients), to stop if the load fails."""
+
+    prewarm: DevicePrewarm | None = None
+    engine: Engine | None = None
+
+    def stop(self) -> None:
+        if self.prewarm is not None:
+            self.prewarm.finish()
+        if self.engine is not None:  # its prefetch, L3 tier, response caches, recorder, engine thread
+            self.engine.shutdown(0.0)
+
+
 def load_engine(
     config: EngineConfig,
     observer: EngineObserver | None = None,
@@ -353,6 +367,26 @@ def load_engine(
     cancelled_elsewhere: Callable[[], set[str]] | None = None,
     model_name: str = "llm_engine",
     model_version: str = "",
+) -> LoadedEngine:
+    """A ready engine. A load that fails midway stops what it started first: the L3 prefetch, the
+    L3 and response-cache writers, the key directories' subscriptions and the device prewarm otherwise
+    kept running (and reconnecting to Redis) in a process that has no engine."""
+    started = _Started()
+    try:
+        return _load_engine(started, config, observer, log, cancelled_elsewhere, model_name, model_version)
+    except BaseException:
+        started.stop()
+        raise
+
+
+def _load_engine(
+    started_parts: _Started,
+    config: EngineConfig,
+    observer: EngineObserver | None,
+    log: Callable[[str], None],
+    cancelled_elsewhere: Callable[[], set[str]] | None,
+    model_name: str,
+    model_version: str,
 ) -> LoadedEngine:
     model_dir = Path(config.model_dir)
     if not (model_dir / "config.json").exists():
@@ -377,6 +411,7 @@ def load_engine(
         shape = PrewarmShape(plan.slots, max_len, buckets, pools, shape_order(buckets, plan.histogram))
         dtype = DTYPES[config.dtype]
         prewarm = DevicePrewarm(str(model_dir), dtype, config.device, shape, started_ns).start()
+        started_parts.prewarm = prewarm
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[config.dtype])
     model = model.to(config.device).eval()
     try:
@@ -411,6 +446,7 @@ def load_engine(
         else None,
         preemption=PreemptionPolicy(config.max_preemptions) if config.preemption else None,
     )
+    started_parts.engine = engine
     engine.log = log
     engine.byte_run_tokens = decoder.byte_ids
     engine.recorder = TrafficRecorder(plan.store, config.traffic_flush_s, on_error=log)
