@@ -20,7 +20,7 @@ OVERHEAD_BUCKETS = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01]
 
 WARMUP_FAILURE_STAGES = (
     "plan", "device_prewarm", "compile", "prefill", "prefill_graph", "decode", "connections", "sampling",
-    "prefix_templates", "requests",
+    "prefix_templates", "requests", "l3_prefetch",
 )  # fmt: skip
 
 

@@ -58,3 +58,21 @@ def test_new_shapes_after_ready_exists_at_zero_before_any_new_shape(observer):
     obs.on_new_shape("decode", 64)
     assert total(series, "llm_engine_new_shapes_after_ready_total", kind="decode") == 1
     assert total(series, "llm_engine_new_shapes_after_ready_total", kind="prefill") == 0
+
+
+def test_every_warmup_failure_stage_the_engine_reports_is_exported_at_zero() -> None:
+    """Found in review: `l3_prefetch` failures were counted but their series was not made at 0 with the
+    others, so rate() missed a first failure. Every stage named in the engine's failure records is
+    in WARMUP_FAILURE_STAGES (the part before ':', as `record_warmup` labels it)."""
+    import re
+    from pathlib import Path
+
+    from adapters.engine_metrics import WARMUP_FAILURE_STAGES
+
+    engine_dir = Path(__file__).resolve().parents[1] / "engine"
+    named = {
+        stage.split(":")[0]
+        for path in engine_dir.glob("*.py")
+        for stage in re.findall(r'"stage": "([a-z_0-9:]+)"', path.read_text(encoding="utf-8"))
+    }
+    assert named and not named - set(WARMUP_FAILURE_STAGES), named - set(WARMUP_FAILURE_STAGES)
