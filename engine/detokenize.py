@@ -125,10 +125,11 @@ def window_start(
     only, whose text is held until its last character completes anyway.
     """
     start = max(0, sent - CONTEXT_TOKENS)
-    context = sum(len(token_bytes(t)) for t in output[start:sent])
+    context = sum(len(token_bytes(t)) for t in output[start + 1 : sent])  # output[start:sent] once added
     extra = 0
     while start > 0:
         size = len(token_bytes(output[start]))
+        context += size
         if size >= 2 and context >= CONTEXT_BYTES:
             break
         if output[start] not in byte_run:
@@ -136,7 +137,6 @@ def window_start(
             if extra > MAX_EXTRA_CONTEXT:
                 break
         start -= 1
-        context += len(token_bytes(output[start]))
     return start
 
 

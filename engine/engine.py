@@ -851,9 +851,8 @@ class Engine:
         if params.stream:
             if ready <= state.sent and not final:
                 return
-            start = window_start(
-                state.output, state.sent, self.token_bytes, self.byte_run_tokens
-            )  # detokenize
+            # see engine.detokenize
+            start = window_start(state.output, state.sent, self.token_bytes, self.byte_run_tokens)
             window, offset = state.output[start:ready], state.sent - start
         elif params.exclude_input_in_output:
             window, offset = state.output[:ready], 0
