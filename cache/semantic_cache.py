@@ -1478,24 +1478,19 @@ class SemanticResponseCache(RedisCacheBase):
             digest = _entry_digest(raw_id, emb, raw_doc)
             row = known.get(digest)
             if row is not None:  # the same bytes validated before (same tenant, same cache): the same entry
-                ids.append(entry_id)
-                prompts.append(previous.prompts[row])
-                answers.append(previous.answers[row])
-                sigs.append(previous.sigs[row])
-                written.append(float(age))
-                rows.append(previous.matrix[row])
-                digests.append(digest)
-                continue
-            record = self._validate(entry_id, tenant, emb, raw_doc)
-            if record is None:
+                entry = previous.prompts[row], previous.answers[row], previous.sigs[row], previous.matrix[row]
+            elif (record := self._validate(entry_id, tenant, emb, raw_doc)) is not None:
+                entry = record.prompt, _HeldAnswer.of(record.answer), record.sig, np.frombuffer(emb, "<f4")
+            else:
                 bad.append(raw_id)
                 continue
+            prompt, answer, sig, vec = entry
             ids.append(entry_id)
-            prompts.append(record.prompt)
-            answers.append(_HeldAnswer.of(record.answer))
-            sigs.append(record.sig)
+            prompts.append(prompt)
+            answers.append(answer)
+            sigs.append(sig)
+            rows.append(vec)
             written.append(float(age))
-            rows.append(np.frombuffer(emb, dtype="<f4"))
             digests.append(digest)
         matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self.dim), np.float32)
         tm = _TenantMatrix(version, ids, prompts, answers, sigs, np.asarray(written, np.float64), matrix)
