@@ -35,6 +35,12 @@ PING_EVERY_S = 5.0
 PING_MESSAGE = b"key-directory"
 
 
+def adds_stamp(directory: KeyDirectory | None) -> int | None:
+    """`directory.adds`, taken before a round trip whose misses or deletes are then `discard`ed with it
+    (`unless_added_since`); None without a directory."""
+    return None if directory is None else directory.adds
+
+
 INDEX_CLOCK_MARGIN_S = 60.0  # an index name is pruned this long after its expiry by the writer's clock
 
 

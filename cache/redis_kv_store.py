@@ -27,7 +27,14 @@ import torch
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
 from cache.redis_topology import is_cross_slot, slot_groups
-from cache.key_directory import INDEX_DROPPED, KeyDirectory, Written, renew_listed, write_announced
+from cache.key_directory import (
+    INDEX_DROPPED,
+    KeyDirectory,
+    adds_stamp,
+    Written,
+    renew_listed,
+    write_announced,
+)
 from cache.kv_format import CorruptValue, IncompatibleValue, KVBlockMeta, decode_block, encode_block
 from cache.response_cache import make_redis_client, redis_ttl, tenant_tag
 from cache.wrong_type import DELETE_IF_UNCHANGED, DROP_OTHER_TYPE
@@ -202,7 +209,7 @@ class RedisKVStore:
             pairs = list(zip(names, values))
             return write_announced(self.client, self.namespace, pairs, self.ttl_s, index, quota, head_names)
 
-        adds = None if self.directory is None else self.directory.adds  # before the trim: see below
+        adds = adds_stamp(self.directory)  # before the trim: see below
         written = self._call(op, write=True)
         if isinstance(written, _Unavailable):
             return ChainWrite(0, [])
@@ -258,7 +265,7 @@ class RedisKVStore:
         if not keys:
             return []
         names = [self.redis_key(k) for k in keys]
-        adds = None if self.directory is None else self.directory.adds  # before the MGET: see below
+        adds = adds_stamp(self.directory)  # before the MGET: see below
         start = time.perf_counter()
         values = self._call(lambda: self._mget(names))
         if isinstance(values, _Unavailable):
@@ -309,7 +316,7 @@ class RedisKVStore:
         which is deleted and counted (one round trip, on a path where the probe was wrong anyway): a
         block name holding a hash reads as missing to MGET while the probe's EXISTS finds it, so every
         lookup of its chain would pay for a load that finds nothing."""
-        adds = None if self.directory is None else self.directory.adds  # a write after the DEL stays listed
+        adds = adds_stamp(self.directory)  # a write after the DEL stays listed
         if self._call(lambda: self._drop_other_type(keys=[name], args=["string"])) == 1:
             self._count_bad("checksum_failures", TypeError(f"{name} held another Redis type"))
             if self.directory is not None:
@@ -317,7 +324,7 @@ class RedisKVStore:
 
     def discard(self, name: str, value: bytes) -> bool:
         """Delete the value at Redis key `name` if it still equals `value`; True when deleted."""
-        adds = None if self.directory is None else self.directory.adds  # a write after the DEL stays listed
+        adds = adds_stamp(self.directory)  # a write after the DEL stays listed
         deleted = self._call(lambda: self._delete_if_unchanged(keys=[name], args=[value])) == 1
         if deleted and self.directory is not None:  # spared (rewritten meanwhile): still there
             self.directory.discard(name, unless_added_since=adds)

@@ -44,7 +44,7 @@ from typing import Any
 from cache.circuit_breaker import CircuitBreaker
 from cache.redis_full import FullGate
 from cache.wrong_type import DELETE_IF_UNCHANGED, DROP_OTHER_TYPE, is_wrong_type
-from cache.key_directory import INDEX_DROPPED, KeyDirectory, Setter, renew_listed, write_announced
+from cache.key_directory import INDEX_DROPPED, KeyDirectory, adds_stamp, Setter, renew_listed, write_announced
 from scheduler.messages import EngineRequestParams
 
 FORMAT_VERSION = 2  # 2: token ids, how many were sent, trim and final (1: the text)
@@ -527,7 +527,7 @@ class ExactResponseCache(RedisCacheBase):
             self._count("misses")
             self._count("local_misses")
             return None
-        adds = None if self.directory is None else self.directory.adds
+        adds = adds_stamp(self.directory)
         raw = self._read(key)
         if raw is _UNREAD:
             return None
@@ -565,7 +565,7 @@ class ExactResponseCache(RedisCacheBase):
         script, args = (
             (self._drop_other_type, ["string"]) if raw is _WRONG_TYPE else (self._delete_if_unchanged, [raw])
         )
-        adds = None if self.directory is None else self.directory.adds  # a write after the DEL stays listed
+        adds = adds_stamp(self.directory)  # a write after the DEL stays listed
         try:
             deleted = script(keys=[key], args=args) == 1
         except self._redis_errors as exc:  # a read-only replica refuses the delete: not a Redis failure
@@ -597,7 +597,7 @@ class ExactResponseCache(RedisCacheBase):
         if not self._may_write():
             return False
         index = self.tenant_index(params.tenant) if self.tenant_max_entries else None
-        adds = None if self.directory is None else self.directory.adds  # before the trim: see below
+        adds = adds_stamp(self.directory)  # before the trim: see below
         try:
             written = write_announced(
                 self.client,
