@@ -69,47 +69,37 @@ def kv(redis_server):
         s.close()
 
 
-def test_a_damaged_block_rewritten_right_after_its_delete_stays_listed(redis_server, raw, kv):
+@pytest.mark.parametrize(
+    ("damage", "deleting_script"),
+    [
+        (lambda raw, name: raw.set(name, b"damaged value"), "_delete_if_unchanged"),
+        # another type under a block's name: MGET reads it as missing
+        (lambda raw, name: raw.hset(name, "f", "v"), "_drop_other_type"),
+    ],
+    ids=["damaged", "wrong-type"],
+)
+def test_a_bad_block_rewritten_right_after_its_delete_stays_listed(
+    redis_server, raw, kv, damage, deleting_script
+):
     namespace, store = kv
     reader = store(directory=started(redis_server, namespace))
     writer = store()
     key = hashlib.sha256(uuid.uuid4().bytes).digest()
     name = reader.redis_key(key)
-    raw.set(name, b"damaged value")
-    real = reader._delete_if_unchanged
+    damage(raw, name)
+    real = getattr(reader, deleting_script)
 
     def delete_then_another_replica_writes(**kwargs):
-        reply = real(**kwargs)  # the damaged value is deleted
+        reply = real(**kwargs)  # the bad value is deleted
         assert writer.put(key, _block(1), META)  # another replica writes the good block now
         assert wait_for(lambda: reader.directory.contains(name) is True, 5)  # its announcement applied
         return reply
 
-    reader._delete_if_unchanged = delete_then_another_replica_writes
+    setattr(reader, deleting_script, delete_then_another_replica_writes)
     assert reader.get(key, META) is None and reader.stats.checksum_failures == 1
     assert raw.exists(name) == 1
     assert reader.directory.contains(name) is not False, "directory says 'absent' for a block Redis holds"
     assert reader.exists_chain([key]) == 1
-
-
-def test_a_wrong_type_block_rewritten_right_after_its_delete_stays_listed(redis_server, raw, kv):
-    namespace, store = kv
-    reader = store(directory=started(redis_server, namespace))
-    writer = store()
-    key = hashlib.sha256(uuid.uuid4().bytes).digest()
-    name = reader.redis_key(key)
-    raw.hset(name, "f", "v")  # another type under a block's name: MGET reads it as missing
-    real = reader._drop_other_type
-
-    def drop_then_another_replica_writes(**kwargs):
-        reply = real(**kwargs)
-        assert writer.put(key, _block(1), META)
-        assert wait_for(lambda: reader.directory.contains(name) is True, 5)
-        return reply
-
-    reader._drop_other_type = drop_then_another_replica_writes
-    assert reader.get(key, META) is None and reader.stats.checksum_failures == 1
-    assert raw.exists(name) == 1
-    assert reader.directory.contains(name) is not False, "directory says 'absent' for a block Redis holds"
 
 
 def test_a_block_the_quota_evicted_and_another_replica_rewrote_stays_listed(

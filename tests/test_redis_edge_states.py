@@ -56,12 +56,17 @@ def test_a_damaged_answer_on_a_read_only_replica_is_a_refused_write_not_a_breake
             cache.close()
 
 
+def semantic_cache(url: str) -> tuple[SemanticResponseCache, str]:
+    """A semantic cache of its own fingerprint, and a fresh tenant of it."""
+    cache = SemanticResponseCache(
+        url, f"fp-{uuid.uuid4().hex[:8]}", NoEmbedder(), verifier=None, timeout_s=0.5
+    )
+    return cache, f"t-{uuid.uuid4().hex[:8]}"
+
+
 def test_a_damaged_semantic_entry_on_a_read_only_replica_is_a_refused_write_not_a_breaker_failure(tmp_path):
     with own_redis(tmp_path) as (url, client):
-        cache = SemanticResponseCache(
-            url, f"fp-{uuid.uuid4().hex[:8]}", NoEmbedder(), verifier=None, timeout_s=0.5
-        )
-        tenant = f"t-{uuid.uuid4().hex[:8]}"
+        cache, tenant = semantic_cache(url)
         try:
             assert cache.store(
                 "How do I reset my password?", tenant, GREEDY, answer("reset"), embedding=vec(0)
@@ -82,10 +87,7 @@ def test_a_damaged_semantic_entry_on_a_read_only_replica_is_a_refused_write_not_
 
 def test_a_wrong_type_tenant_key_on_a_read_only_replica_is_not_a_breaker_failure(tmp_path):
     with own_redis(tmp_path) as (url, client):
-        cache = SemanticResponseCache(
-            url, f"fp-{uuid.uuid4().hex[:8]}", NoEmbedder(), verifier=None, timeout_s=0.5
-        )
-        tenant = f"t-{uuid.uuid4().hex[:8]}"
+        cache, tenant = semantic_cache(url)
         try:
             client.hset(cache._keys(tenant)[3], "x", "y")  # the version stamp holds a hash
             _make_replica(client)
